@@ -1,0 +1,84 @@
+"""`SamplingParams`: how to pick each next token, shaped like vLLM's so habits carry over.
+
+Every field is either honoured by the engine or rejected here with a message a user can
+act on; nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding options (vLLM names and defaults).
+
+    temperature 0 means greedy. top_k <= 0 (0 or -1) and top_p = 1 and min_p = 0 mean "off".
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """`stop` as a tuple, whether it was given as one string, a list or None."""
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def _validate(self) -> None:
+        _check(self.n >= 1, f"n must be at least 1, got {self.n}")
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= -1, f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
+        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(-2 <= value <= 2, f"{name} must be in [-2, 2], got {value}")
+        _check(
+            self.repetition_penalty > 0,
+            f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+        )
+        _check(
+            self.max_tokens is None or self.max_tokens >= 1,
+            f"max_tokens must be at least 1, got {self.max_tokens}",
+        )
+        _check(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+        )
+        _check(
+            self.logprobs is None or self.logprobs >= 0,
+            f"logprobs must be >= 0, got {self.logprobs}",
+        )
+        _check(all(s for s in self.stop_strings), "stop strings must be non-empty")
+        _check(
+            all(t >= 0 for t in self.stop_token_ids or ()),
+            f"stop_token_ids must be non-negative, got {self.stop_token_ids}",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
