@@ -1,4 +1,7 @@
-"""What `LLM.generate` returns: `RequestOutput` holding one `CompletionOutput` per sample (vLLM's shapes)."""
+"""What `LLM.generate` returns, in vLLM's shapes.
+
+One `RequestOutput` per prompt, holding one `CompletionOutput` per sample (`n`).
+"""
 
 from __future__ import annotations
 

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Temperatures below this count as greedy, as in vLLM: dividing logits by them risks
+# float32 overflow, and the distribution is an argmax in all but exact near-ties anyway.
+GREEDY_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request decoding options (vLLM names and defaults).
 
-    temperature 0 means greedy. top_k <= 0 (0 or -1) and top_p = 1 and min_p = 0 mean "off".
+    temperature 0 (anything below GREEDY_TEMPERATURE) means greedy. top_k <= 0 (0 or -1)
+    and top_p = 1 and min_p = 0 mean "off".
     """
 
     n: int = 1
@@ -68,7 +73,10 @@ class SamplingParams:
             self.logprobs is None or self.logprobs >= 0,
             f"logprobs must be >= 0, got {self.logprobs}",
         )
-        _check(all(s for s in self.stop_strings), "stop strings must be non-empty")
+        _check(
+            all(self.stop_strings),
+            f"stop must not contain empty strings, got {self.stop!r}",
+        )
         _check(
             all(t >= 0 for t in self.stop_token_ids or ()),
             f"stop_token_ids must be non-negative, got {self.stop_token_ids}",
@@ -76,7 +84,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Take the argmax instead of sampling (temperature 0, or below GREEDY_TEMPERATURE)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 def _check(ok: bool, message: str) -> None:

@@ -5,3 +5,42 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm_gguf() -> Path:
+    """The bundled SmolLM2-135M-Instruct GGUF (installed by scripts/install.sh)."""
+    from minserve.model.default_model import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer_dir(smollm_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's tokenizer as transformers converts and saves it (the oracle's view)."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("smollm_tokenizer")
+    AutoTokenizer.from_pretrained(smollm_gguf.parent, gguf_file=smollm_gguf.name).save_pretrained(
+        folder
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(smollm_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Factory: tiny_model("llama" | "llama3_rope" | "qwen2" | "qwen3") -> a saved HF folder."""
+    from tiny_models import make_hf_model
+
+    made: dict[str, Path] = {}
+
+    def make(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = make_hf_model(kind, tmp_path_factory.mktemp(kind), smollm_tokenizer_dir)
+        return made[kind]
+
+    return make

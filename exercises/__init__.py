@@ -1,0 +1,1 @@
+"""Your workspace: one module per chapter; check it with `minserve check NN`."""

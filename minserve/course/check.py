@@ -1,0 +1,338 @@
+"""`minserve check NN`: run a chapter's checks against your code and report plainly.
+
+The implementation under test is one of
+- `exercises`: your workspace, `exercises/chNN_*.py` under the current directory;
+- `solutions`: the reference copies in `solutions/`;
+- `minserve`: the chapter's source modules inside minserve itself.
+
+Each check is a function taking that module; it passes, fails (an assertion or any other
+error), or meets a stub's `NotImplementedError`. The report shows one line per check,
+then the first failure in full: its message and the line of your code where it broke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import linecache
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Literal, TextIO
+
+from minserve.course.chapters import CHAPTERS, REPO_ROOT, Chapter, Check, get_chapter
+
+IMPLS = ("exercises", "solutions", "minserve")
+Outcome = Literal["passed", "failed", "not implemented"]
+_MARKS = {"passed": "✓", "failed": "✗", "not implemented": "○"}
+_EXERCISE_ID = re.compile(r"Exercise (\d+(?:\.\d+)+)")
+
+
+class CourseError(Exception):
+    """Something to fix before any check can run: wrong folder, a file that won't import."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """The module under test and the files its code lives in (to spot your frames)."""
+
+    module: ModuleType
+    files: tuple[Path, ...]
+    label: str  # what the report calls it: "exercises/ch00_sampling.py"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What one check found."""
+
+    name: str
+    outcome: Outcome
+    message: str = ""  # the exercise label, or the failure's message
+    where: str = ""  # the failing line, yours when the traceback reaches your file
+
+
+def load_implementation(chapter: Chapter, impl: str, root: Path | None = None) -> Implementation:
+    """Import the chapter's module from `exercises/`, `solutions/` (under `root`) or minserve."""
+    if impl == "minserve":
+        modules = [importlib.import_module(name) for name in chapter.source_modules()]
+        files = tuple(Path(m.__file__).resolve() for m in modules if m.__file__)
+        label = ", ".join(f"minserve/{source}" for source in chapter.sources)
+        return Implementation(_merge(modules, chapter), files, label)
+    if impl not in IMPLS:
+        raise CourseError(f"unknown implementation {impl!r}; choose one of {', '.join(IMPLS)}")
+    root = (root or Path.cwd()).resolve()
+    if not (root / impl).is_dir():
+        raise CourseError(
+            f"no {impl}/ folder in {root}. Run `minserve check` from the root of the "
+            f"minserve repository, the folder that holds {impl}/."
+        )
+    relative = chapter.generated_path(impl.removesuffix("s"))  # "exercises/ch00_sampling.py"
+    path = root / relative
+    if not path.exists():
+        raise CourseError(
+            f"{relative} is missing; restore it with `python -m minserve.course.generate`"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # so your module can import its neighbours
+    return Implementation(_load_file(f"{impl}.{chapter.module}", path), (path,), relative)
+
+
+def _load_file(name: str, path: Path) -> ModuleType:
+    """Execute `path` afresh as module `name` (edits since the last run are picked up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    previous = sys.modules.get(name)
+    sys.modules[name] = module  # dataclasses and typing look their module up while it runs
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        raise CourseError(
+            f"could not import {path.name}:\n{_indent(_describe(error, (path,)), 2)}"
+        ) from error
+    finally:
+        if previous is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = previous
+    return module
+
+
+def _merge(modules: list[ModuleType], chapter: Chapter) -> ModuleType:
+    """A chapter drawn from one source module is that module; several are merged into one."""
+    if len(modules) == 1:
+        return modules[0]
+    merged = ModuleType(f"minserve_{chapter.module}")
+    for module in modules:
+        merged.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
+    return merged
+
+
+def run_one(check: Check, impl: Implementation) -> CheckResult:
+    """Run one check and classify what happened."""
+    name = check_name(check)
+    tracer = _ReturnTracer(impl.files)
+    try:
+        with tracer:
+            check(impl.module)
+    except NotImplementedError as error:
+        if _EXERCISE_ID.search(str(error)):  # a stub; torch raises it too, for other reasons
+            return CheckResult(name, "not implemented", str(error))
+        return CheckResult(name, "failed", _message(error), _where(error, impl, tracer))
+    except Exception as error:
+        return CheckResult(name, "failed", _message(error), _where(error, impl, tracer))
+    return CheckResult(name, "passed")
+
+
+class _ReturnTracer:
+    """Remembers the last line of your code that returned, to show where a wrong value came
+    from when the assertion that caught it lives in the check, not in your file."""
+
+    def __init__(self, files: tuple[Path, ...]) -> None:
+        self._files = {str(f) for f in files}
+        self._is_yours: dict[str, bool] = {}
+        self.last: tuple[str, int, str] | None = None  # filename, line, function
+
+    def __enter__(self) -> None:
+        self._previous = sys.getprofile()
+        sys.setprofile(self._on_event)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(self._previous)
+
+    def _on_event(self, frame: FrameType, event: str, arg: object) -> None:
+        if event != "return":
+            return
+        filename = frame.f_code.co_filename
+        if filename not in self._is_yours:
+            self._is_yours[filename] = str(_resolve(filename)) in self._files
+        if self._is_yours[filename]:
+            self.last = (filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def check_name(check: Check) -> str:
+    """The first docstring line, or the function name made readable."""
+    doc = (check.__doc__ or "").strip()
+    if doc:
+        return doc.splitlines()[0].rstrip(".")
+    return check.__name__.removeprefix("check_").replace("_", " ")
+
+
+def _message(error: BaseException) -> str:
+    text = str(error).strip()
+    if isinstance(error, AssertionError):
+        return text or "assertion failed"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _describe(error: BaseException, files: tuple[Path, ...]) -> str:
+    """Message plus location, for errors raised while importing your file."""
+    if isinstance(error, SyntaxError):
+        return "".join(traceback.format_exception_only(error)).rstrip()
+    return f"{_message(error)}\n{_describe_frame(error, files)}".rstrip()
+
+
+def _describe_frame(error: BaseException, files: tuple[Path, ...]) -> str:
+    """The deepest traceback frame in your files, else the deepest of all."""
+    frames = traceback.extract_tb(error.__traceback__)
+    yours = [f for f in frames if _resolve(f.filename) in files]
+    if yours:
+        return _frame_text("your code at", yours[-1].filename, yours[-1].lineno, yours[-1].name)
+    if frames:
+        return _frame_text("checked at", frames[-1].filename, frames[-1].lineno, frames[-1].name)
+    return ""
+
+
+def _where(error: BaseException, impl: Implementation, tracer: _ReturnTracer) -> str:
+    """Where to look: the line of your code that raised, or else the one that returned the
+    value the check rejected."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if tracer.last and not any(_resolve(f.filename) in impl.files for f in frames):
+        return _frame_text("the value came from your code at", *tracer.last)
+    return _describe_frame(error, impl.files)
+
+
+def _frame_text(prefix: str, filename: str, line: int | None, function: str) -> str:
+    text = f"{prefix} {_display(Path(filename))}:{line}, in {function}"
+    source = linecache.getline(filename, line or 0).strip()
+    return f"{text}:\n    {source}" if source else text
+
+
+def _resolve(filename: str) -> Path | None:
+    try:
+        return Path(filename).resolve()
+    except OSError:
+        return None
+
+
+def _display(path: Path) -> str:
+    """A path relative to the working directory or the repo root when it lies inside one."""
+    for base in (Path.cwd(), REPO_ROOT):
+        if path.resolve().is_relative_to(base.resolve()):
+            return str(path.resolve().relative_to(base.resolve()))
+    return str(path)
+
+
+def _indent(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line if line else line for line in text.splitlines())
+
+
+def run_check(
+    chapter_number: str,
+    impl: str = "exercises",
+    stream: TextIO | None = None,
+    root: Path | None = None,
+) -> int:
+    """Check one chapter and print the report to `stream`; 0 if every check passes, else 1.
+
+    `stream` defaults to stdout; `root` is the folder holding `exercises/` and `solutions/`
+    (default: the current directory).
+    """
+    stream = stream or sys.stdout
+    try:
+        chapter = get_chapter(chapter_number)
+        implementation = load_implementation(chapter, impl, root)
+    except (KeyError, CourseError) as error:
+        print(f"minserve check: {error.args[0]}", file=stream)
+        return 1
+    command = f"minserve check {chapter.number}"
+    command += "" if impl == "exercises" else f" --impl {impl}"
+    print(f"Chapter {chapter.number}: {chapter.title}", file=stream)
+    print(f"checking {implementation.label}\n", file=stream)
+    results = []
+    for check in chapter.load_checks():
+        results.append(result := run_one(check, implementation))
+        print(_result_line(result), file=stream, flush=True)
+    print(_summary(results, implementation, command), file=stream)
+    return 0 if all(r.outcome == "passed" for r in results) else 1
+
+
+def _result_line(result: CheckResult) -> str:
+    line = f"  {_MARKS[result.outcome]} {result.name}"
+    if result.outcome == "not implemented":
+        found = _EXERCISE_ID.search(result.message)
+        line += f": not implemented yet ({found[0] if found else result.message})"
+    return line
+
+
+def _summary(results: list[CheckResult], impl: Implementation, command: str) -> str:
+    """The first failure in full, the count, and what to do next."""
+    passed = sum(r.outcome == "passed" for r in results)
+    failures = [r for r in results if r.outcome == "failed"]
+    todo = [r for r in results if r.outcome == "not implemented"]
+    parts = []
+    if failures:
+        first = failures[0]
+        parts.append(f"\nFirst failure: {first.name}\n{_indent(first.message, 2)}")
+        if first.where:
+            parts.append(_indent(first.where, 2))
+    parts.append(f"\n{passed}/{len(results)} checks passed.")
+    if failures:
+        parts.append(f"Hint: fix the first failure above, then run `{command}` again.")
+    elif todo:
+        label = todo[0].message or "the next exercise"
+        parts.append(
+            f"Hint: next is {label}, in {impl.label}: replace its "
+            f"`raise NotImplementedError(...)` with your code, then run `{command}` again."
+        )
+    else:
+        parts.append("All checks pass. Plug your code into the engine: see docs/course.md.")
+    return "\n".join(parts)
+
+
+def list_chapters(stream: TextIO | None = None) -> None:
+    """Print the chapters and how to check one (to stdout by default)."""
+    stream = stream or sys.stdout
+    from minserve.course.generate import chapter_exercises  # parses sources; only needed here
+
+    print("The course's chapters:\n", file=stream)
+    for chapter in CHAPTERS:
+        ids = ", ".join(e.id for e in chapter_exercises(chapter))
+        print(f"  {chapter.number}  {chapter.title}  (exercises {ids})", file=stream)
+    print(
+        "\nRun `minserve check NN` from the repository root to check your exercises/chNN_*.py.",
+        file=stream,
+    )
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("chapter", nargs="?", help="chapter number, e.g. 00; omit to list them")
+    parser.add_argument(
+        "--impl",
+        choices=IMPLS,
+        default="exercises",
+        help="what to check: your exercises (default), the solutions, or minserve itself",
+    )
+
+
+def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `check` on the `minserve` command line; it dispatches to `check_command`."""
+    parser = subparsers.add_parser(
+        "check", help="check your exercises for a chapter", description=__doc__.split("\n")[0]
+    )
+    _add_arguments(parser)
+    parser.set_defaults(run=check_command)  # minserve.cli calls args.run(args)
+    return parser
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """Run `minserve check [NN] [--impl ...]` from parsed arguments; returns the exit code."""
+    if args.chapter is None:
+        list_chapters()
+        return 0
+    return run_check(args.chapter, args.impl)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m minserve.course.check 00`: the same as `minserve check 00`."""
+    parser = argparse.ArgumentParser(prog="minserve check", description=__doc__.split("\n")[0])
+    _add_arguments(parser)
+    return check_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""A Llama-family decoder (Llama, Qwen2, Qwen3) in plain torch, readable top to bottom.
+
+The forward pass takes a *flat* batch: the tokens of every sequence in this step laid end
+to end, each with its own position. Attention is the only place sequences interact, so it
+is delegated to an `AttentionFn` built per step by whoever owns the KV cache (the
+contiguous reference path here, the paged engine later). Parameter names follow Hugging
+Face's, so checkpoints load by name.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minserve.model.config import ModelConfig
+
+
+class AttentionFn(Protocol):
+    """Attention over the KV cache for one step: stores the new k/v, returns the output."""
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q [T, Hq, D], k and v [T, Hkv, D] (already rotated) -> [T, Hq, D]."""
+        ...
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (no mean subtraction, no bias), computed in fp32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """RoPE's per-pair rotation speeds theta^(-2i/d), with Llama-3 scaling when configured.
+
+    Llama 3 slows down only the low frequencies (long wavelengths) by `factor`, keeps the
+    high ones, and blends smoothly in between, so a model trained on 8k tokens reads 128k.
+    """
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq.float()  # [head_dim / 2]
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return torch.where(is_medium, blended, scaled).float()
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding, "rotate half" layout (Hugging Face's).
+
+    cos/sin are computed from the positions of this step only, so a 128k-token model costs
+    no 128k-row table.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, head_dim], positions [T] -> x rotated by each token's position."""
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2]
+        angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class SelfAttention(nn.Module):
+    """Grouped-query self-attention: project, (Qwen3: norm q/k), rotate, attend, project."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, config.q_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, config.kv_size, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, config.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.q_size, hidden, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        attention: AttentionFn,
+        layer: int,
+    ) -> torch.Tensor:
+        cfg = self.config
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, cfg.num_heads, cfg.head_dim)  # [T, Hq, D]
+        k = self.k_proj(x).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(q, positions), rope(k, positions)
+        out = attention(layer, q, k, v)  # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, cfg.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = SelfAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        attention: AttentionFn,
+        layer: int,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attention, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    """Embedding, the stack of decoder layers and the final norm (HF's `model.` prefix)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """The whole decoder: token ids and positions in, hidden states out, logits on demand."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderBody(config)
+        self.rope = RotaryEmbedding(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn
+    ) -> torch.Tensor:
+        """input_ids, positions [T] (a flat batch) -> final hidden states [T, hidden]."""
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, positions, self.rope, attention, i)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> fp32 logits [N, vocab] (only for tokens we sample from)."""
+        return self.lm_head(hidden).float()

@@ -1,0 +1,274 @@
+"""The sampler: one step's logits in, one token per sequence out, with vLLM's semantics.
+
+Each row goes through, in order:
+1. logprobs, taken from the raw logits (before anything below changes them);
+2. penalties: repetition (prompt + output tokens), frequency and presence (output only);
+3. min_tokens: EOS and stop tokens forbidden until the row has enough output;
+4. greedy rows take the argmax; the others divide by temperature, filter (top-k, top-p,
+   min-p) and draw by an exponential race whose noise comes from the row's own generator,
+   so a seeded row's tokens never depend on which other rows share its batch.
+
+The three filters are chapter 00's exercise (the marked regions below); `Sampler` takes
+them as arguments so a student's versions can run inside the real engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from minserve.sampling_params import SamplingParams
+
+Filter = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, per-row setting)
+
+
+@dataclass
+class SamplingRow:
+    """One sequence being sampled this step: its options, its tokens so far, its RNG."""
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    generator: torch.Generator | None  # on the logits' device; None: the global RNG
+    eos_token_ids: tuple[int, ...] = ()  # forbidden, with stop_token_ids, until min_tokens
+
+
+@dataclass
+class SampleResult:
+    """The step's tokens (one per row) and, per row, {token id: logprob} or None."""
+
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+# >>> exercise 0.1: top-k filtering
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Keep the k largest logits of each row and set the others to -inf.
+
+    Top-k cuts off the long tail: each of 50k unlikely tokens is rare, but together they
+    are drawn often enough to derail a generation. `logits` is [rows, vocab]; `top_k` is
+    int64 [rows], one k per row, where k <= 0 turns the filter off for that row and
+    k >= vocab keeps every token. Tokens tied with the k-th largest logit are all kept (as
+    in Hugging Face and vLLM), so the result depends on the values, never on token ids.
+    Returns a new tensor; `logits` is left unchanged.
+    """
+    # >>> solution
+    k = top_k.clamp(min=1, max=logits.shape[-1])  # [rows]
+    largest = logits.topk(int(k.max()), dim=-1).values  # [rows, max k], no full sort needed
+    kth_largest = largest.gather(-1, (k - 1).unsqueeze(-1))  # [rows, 1]
+    kth_largest = kth_largest.masked_fill((top_k <= 0).unsqueeze(-1), float("-inf"))  # off
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+    # <<< solution
+# <<< exercise
+
+
+# >>> exercise 0.2: top-p (nucleus) filtering
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep the nucleus: the fewest most-probable tokens whose probabilities sum to >= p.
+
+    Unlike a fixed k, the nucleus follows the model's confidence: one token when it is
+    sure, hundreds when it is not (Holtzman et al., 2019). `logits` is [rows, vocab] and
+    may already hold -inf (top-k runs first); `top_p` is float [rows] in (0, 1]. The most
+    probable token is always kept. Tokens tied with the least probable kept token are kept
+    too, so the result depends on the values, never on token ids. p = 1.0 turns the
+    filter off: that row comes back unchanged, even tokens whose probability underflows
+    to 0 in float32. Tip: in float32, sum the small probabilities first (sort ascending
+    and drop the prefix whose cumulative probability is <= 1 - p).
+    Returns a new tensor; `logits` is left unchanged.
+    """
+    # >>> solution
+    sorted_asc = logits.sort(dim=-1).values  # [rows, vocab]
+    cumulative = sorted_asc.softmax(dim=-1).cumsum(dim=-1)  # [rows, vocab], ends at 1
+    dropped = (cumulative <= 1 - top_p.unsqueeze(-1)) & (top_p < 1).unsqueeze(-1)  # a prefix
+    num_dropped = dropped.sum(dim=-1).clamp(max=logits.shape[-1] - 1)  # [rows]; keep >= 1
+    smallest_kept = sorted_asc.gather(-1, num_dropped.unsqueeze(-1))  # [rows, 1]
+    return logits.masked_fill(logits < smallest_kept, float("-inf"))
+    # <<< solution
+# <<< exercise
+
+
+# >>> exercise 0.3: min-p filtering
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Keep the tokens at least `min_p` times as probable as the most probable one.
+
+    min-p (Nguyen et al., 2024) scales the cut-off with the model's confidence: a peaked
+    distribution keeps few tokens, a flat one keeps many. `logits` is [rows, vocab];
+    `min_p` is float [rows] in [0, 1], where 0 turns the filter off for that row. No
+    softmax is needed: the normaliser cancels in p_i / p_max = exp(logit_i - logit_max),
+    so a token is kept exactly when logit_i >= logit_max + log(min_p).
+    Returns a new tensor; `logits` is left unchanged.
+    """
+    # >>> solution
+    max_logit = logits.max(dim=-1, keepdim=True).values  # [rows, 1]
+    threshold = max_logit + min_p.log().unsqueeze(-1)  # [rows, 1]; log(0) = -inf keeps all
+    return logits.masked_fill(logits < threshold, float("-inf"))
+    # <<< solution
+# <<< exercise
+
+
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Repetition (HF / vLLM), frequency and presence (OpenAI) penalties, on a copy.
+
+    The repetition penalty r touches every token seen in the prompt or the output:
+    positive logits are divided by r and negative ones multiplied, so r > 1 always makes
+    a seen token less likely. Frequency and presence look at output tokens only:
+    logit -= frequency * count + presence * (count > 0). Only seen tokens change, so the
+    work is done on those (hundreds) rather than on the whole vocabulary (tens of thousands).
+    """
+    penalized = [i for i, row in enumerate(rows) if _has_penalties(row.params)]
+    if not penalized:
+        return logits
+    vocab, device = logits.shape[-1], logits.device
+    out = logits.clone(memory_format=torch.contiguous_format)
+    flat = out.view(-1)  # token t of row i lives at i * vocab + t
+    seen = _flat_token_ids(rows, penalized, vocab, with_prompt=True).unique()
+    produced, counts = _flat_token_ids(rows, penalized, vocab, with_prompt=False).unique(
+        return_counts=True
+    )
+    seen, produced, counts = seen.to(device), produced.to(device), counts.to(device)
+    repetition = _per_row(rows, "repetition_penalty", device)[seen // vocab]  # [num_seen]
+    values = flat[seen]
+    flat[seen] = torch.where(values > 0, values / repetition, values * repetition)
+    frequency = _per_row(rows, "frequency_penalty", device)[produced // vocab]  # [num_produced]
+    presence = _per_row(rows, "presence_penalty", device)[produced // vocab]
+    flat[produced] -= frequency * counts + presence
+    return out
+
+
+def suppress_stop_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """min_tokens: forbid EOS and `stop_token_ids` while a row has fewer outputs (a copy)."""
+    row_index: list[int] = []
+    token_index: list[int] = []
+    for i, row in enumerate(rows):
+        if len(row.output_token_ids) < row.params.min_tokens:
+            stops = sorted({*row.eos_token_ids, *(row.params.stop_token_ids or ())})
+            row_index += [i] * len(stops)
+            token_index += stops
+    if not row_index:
+        return logits
+    out = logits.clone()
+    out[row_index, token_index] = float("-inf")
+    return out
+
+
+class Sampler:
+    """Turns a step's logits [num_rows, vocab] into one token per row (see module doc)."""
+
+    def __init__(
+        self,
+        top_k_fn: Filter = apply_top_k,
+        top_p_fn: Filter = apply_top_p,
+        min_p_fn: Filter = apply_min_p,
+    ) -> None:
+        self.top_k_fn = top_k_fn
+        self.top_p_fn = top_p_fn
+        self.min_p_fn = min_p_fn
+
+    @classmethod
+    def from_module(cls, module: ModuleType) -> Sampler:
+        """A sampler using `module`'s apply_top_k / apply_top_p / apply_min_p (chapter 00)."""
+        names = ("apply_top_k", "apply_top_p", "apply_min_p")
+        missing = [name for name in names if not hasattr(module, name)]
+        if missing:
+            raise AttributeError(f"module {module.__name__} does not define {', '.join(missing)}")
+        return cls(*(getattr(module, name) for name in names))
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+        if logits.ndim != 2 or logits.shape[0] != len(rows):
+            raise ValueError(
+                f"logits must be [num_rows={len(rows)}, vocab], got shape {tuple(logits.shape)}"
+            )
+        logits = logits.float()
+        raw_logprobs = logits.log_softmax(dim=-1) if _wants_logprobs(rows) else None
+        logits = suppress_stop_tokens(apply_penalties(logits, rows), rows)
+        token_ids = logits.argmax(dim=-1)  # [rows]; right for greedy rows, replaced below
+        drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
+        if drawn:
+            token_ids[drawn] = self._sample(logits[drawn], [rows[i] for i in drawn])
+        return SampleResult(token_ids.tolist(), _logprob_dicts(raw_logprobs, token_ids, rows))
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Temperature, the filters a row asked for, then an exponential race: [rows]."""
+        device = logits.device
+        logits = logits / _per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
+        if any(row.params.top_k > 0 for row in rows):
+            logits = self.top_k_fn(logits, _per_row(rows, "top_k", device, torch.long))
+        if any(row.params.top_p < 1 for row in rows):
+            logits = self.top_p_fn(logits, _per_row(rows, "top_p", device))
+        if any(row.params.min_p > 0 for row in rows):
+            logits = self.min_p_fn(logits, _per_row(rows, "min_p", device))
+        # argmax(p_i / E_i) with E_i ~ Exp(1) is a draw from p: the first of independent
+        # exponential clocks with rates p_i to ring. In log space that is logit_i - log E_i
+        # (the Gumbel-max trick), and no softmax is needed.
+        gumbel = _exponential_noise(rows, logits).log_().neg_()  # [rows, vocab]
+        return (logits + gumbel).argmax(dim=-1)
+
+
+def _has_penalties(params: SamplingParams) -> bool:
+    return (
+        params.repetition_penalty != 1
+        or params.frequency_penalty != 0
+        or params.presence_penalty != 0
+    )
+
+
+def _flat_token_ids(
+    rows: Sequence[SamplingRow], indices: list[int], vocab: int, with_prompt: bool
+) -> torch.Tensor:
+    """The output (and prompt) tokens of rows `indices`, as positions in flat [rows * vocab]."""
+    parts = [torch.empty(0, dtype=torch.long)]
+    for i in indices:
+        prompt = [*rows[i].prompt_token_ids] if with_prompt else []
+        ids = torch.tensor(prompt + [*rows[i].output_token_ids], dtype=torch.long)
+        if ids.numel() and not (ids.min() >= 0 and ids.max() < vocab):
+            raise ValueError(f"row {i} holds token ids outside [0, {vocab}), the logits' vocab")
+        parts.append(ids + i * vocab)
+    return torch.cat(parts)  # [total tokens], with repeats
+
+
+def _per_row(
+    rows: Sequence[SamplingRow],
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """One SamplingParams field across the rows: [rows]."""
+    return torch.tensor([getattr(row.params, name) for row in rows], dtype=dtype, device=device)
+
+
+def _exponential_noise(rows: Sequence[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise shaped like `logits`, each row drawn from that row's own generator."""
+    noise = torch.empty_like(logits)  # [rows, vocab]
+    for i, row in enumerate(rows):
+        noise[i].exponential_(generator=row.generator)
+    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # log(0) would make -inf + inf
+
+
+def _wants_logprobs(rows: Sequence[SamplingRow]) -> bool:
+    return any(row.params.logprobs is not None for row in rows)
+
+
+def _logprob_dicts(
+    raw_logprobs: torch.Tensor | None, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
+) -> list[dict[int, float] | None]:
+    """Per row: the sampled token's logprob, then the top `params.logprobs` ones (vLLM's order)."""
+    if raw_logprobs is None:
+        return [None] * len(rows)
+    top_n = min(max(row.params.logprobs or 0 for row in rows), raw_logprobs.shape[-1])
+    top_values, top_ids = raw_logprobs.topk(top_n, dim=-1)  # [rows, top_n] each
+    sampled = raw_logprobs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)  # [rows]
+    top_values, top_ids, sampled = top_values.tolist(), top_ids.tolist(), sampled.tolist()
+    sampled_ids = token_ids.tolist()
+    dicts: list[dict[int, float] | None] = []
+    for i, row in enumerate(rows):
+        n = row.params.logprobs
+        if n is None:
+            dicts.append(None)
+            continue
+        entries = {sampled_ids[i]: sampled[i]}
+        entries.update(zip(top_ids[i][:n], top_values[i][:n], strict=True))
+        dicts.append(entries)
+    return dicts
