@@ -214,7 +214,8 @@ def test_metadata_reader_agrees_with_gguf_reader(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     reader = gguf.GGUFReader(path)
-    assert read_gguf_metadata(path) == {k: f.contents() for k, f in reader.fields.items()}
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert read_gguf_metadata(path) == fields
 
 
 @pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "default"])
@@ -266,23 +267,24 @@ def test_a_truncated_gguf_is_rejected(tmp_path, gguf_path):
 
 def test_pretrained_dir_encodes_like_transformers(ours_from_dir, hf):
     for text in SAMPLES:
-        assert ours_from_dir.encode(text) == hf.encode(text)
-        assert ours_from_dir.decode(hf.encode(text)) == hf.decode(hf.encode(text))
+        ids = hf.encode(text)
+        assert ours_from_dir.encode(text) == ids
+        for skip in (True, False):
+            assert ours_from_dir.decode(ids, skip) == hf.decode(ids, skip_special_tokens=skip)
 
 
 def test_pretrained_dir_reads_special_tokens_and_chat_template_file(ours_from_dir, saved_dir):
     assert (saved_dir / "chat_template.jinja").is_file()  # transformers 5 layout
     assert (ours_from_dir.bos_token, ours_from_dir.eos_token) == ("<|im_start|>", "<|im_end|>")
     assert (ours_from_dir.bos_token_id, ours_from_dir.eos_token_id) == (1, 2)
-    for messages in CONVERSATIONS:
-        assert ours_from_dir.apply_chat_template(messages) == _hf_chat(saved_dir, messages)
-
-
-def _hf_chat(folder: Path, messages: list[dict]) -> str:
     from transformers import AutoTokenizer
 
-    hf = AutoTokenizer.from_pretrained(folder)
-    return hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    hf_from_dir = AutoTokenizer.from_pretrained(saved_dir)
+    for messages in CONVERSATIONS:
+        expected = hf_from_dir.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        assert ours_from_dir.apply_chat_template(messages) == expected
 
 
 def _copy_dir(saved_dir: Path, tmp_path: Path) -> Path:
@@ -296,13 +298,22 @@ def _edit_config(folder: Path, **changes) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()) | changes))
 
 
-def test_pretrained_dir_add_bos_token_prepends_bos(saved_dir, tmp_path):
+def test_pretrained_dir_bos_comes_from_tokenizer_json(saved_dir, tmp_path):
+    """As in transformers 5: tokenizer.json's post-processor decides; config flags are ignored."""
+    from tokenizers import Tokenizer as BackendTokenizer
+    from tokenizers import processors
     from transformers import AutoTokenizer
 
     folder = _copy_dir(saved_dir, tmp_path)
-    _edit_config(folder, add_bos_token=True)
+    _edit_config(folder, add_bos_token=False)
+    backend = BackendTokenizer.from_file(str(folder / "tokenizer.json"))
+    backend.post_processor = processors.TemplateProcessing(
+        single=["<|im_start|>", "$A"], special_tokens=[("<|im_start|>", 1)]
+    )
+    backend.save(str(folder / "tokenizer.json"))
     ours = Tokenizer.from_pretrained_dir(folder)
     assert ours.encode("hi") == AutoTokenizer.from_pretrained(folder).encode("hi") == [1, 6004]
+    assert ours.encode("hi", add_special_tokens=False) == [6004]
 
 
 def test_pretrained_dir_legacy_layout(saved_dir, tmp_path):
@@ -378,6 +389,11 @@ def test_templates_are_sandboxed(ours):
         tok.apply_chat_template(CONVERSATIONS[0])
 
 
+def test_invalid_jinja_is_a_clear_error(ours):
+    with pytest.raises(ValueError, match="chat template is not valid Jinja"):
+        _with_template(ours, "{% for m in messages %}").apply_chat_template(CONVERSATIONS[0])
+
+
 def test_no_chat_template_is_a_clear_error(ours):
     with pytest.raises(ValueError, match="has no chat template"):
         _with_template(ours, None).apply_chat_template(CONVERSATIONS[0])
@@ -397,7 +413,11 @@ def test_no_chat_template_is_a_clear_error(ours):
             r"messages\[1\] has role 'bot'; expected one of system, user, assistant",
         ),
         ([{"role": "user", "content": None}], TypeError, r"'content'\] must be a string, got None"),
-        ([{"role": "user", "content": [{"type": "text"}]}], TypeError, "must be a string, got list"),
+        (
+            [{"role": "user", "content": [{"type": "text"}]}],
+            TypeError,
+            "must be a string, got list",
+        ),
     ],
 )
 def test_bad_messages_are_rejected(ours, messages, error, match):

@@ -197,12 +197,8 @@ def _bos_eos_processor(
     missing = [token for token, token_id in ends if token_id is None]
     if missing:
         raise ModelLoadError(f"special tokens {missing} are not in the vocabulary")
-    first, last = ([bos] if bos else []), ([eos] if eos else [])
-    return processors.TemplateProcessing(
-        single=[*first, "$A", *last],
-        pair=[*first, "$A", *last, *first, "$B:1", *last],
-        special_tokens=ends,
-    )
+    single = [*([bos] if bos else []), "$A", *([eos] if eos else [])]
+    return processors.TemplateProcessing(single=single, special_tokens=ends)
 
 
 # ---------------------------------------------------------------- Hugging Face folders
@@ -328,13 +324,8 @@ class Tokenizer:
         config = _read_json(folder / "tokenizer_config.json")
         config |= _read_json(folder / "special_tokens_map.json")  # it wins, as in transformers
         bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
-        # Like transformers: an explicit add_bos/eos_token flag rebuilds the post-processor.
-        if "add_bos_token" in config or "add_eos_token" in config or not backend.post_processor:
-            backend.post_processor = _bos_eos_processor(
-                backend,
-                bos if config.get("add_bos_token") else None,
-                eos if config.get("add_eos_token") else None,
-            )
+        # BOS/EOS come from tokenizer.json's post-processor alone: transformers 5 ignores
+        # add_bos_token / add_eos_token in tokenizer_config.json when tokenizer.json exists.
         template = _folder_chat_template(folder, config)
         return cls(backend, bos_token=bos, eos_token=eos, chat_template=template)
 
@@ -371,11 +362,10 @@ class Tokenizer:
         return [self.backend.id_to_token(i) for i in ids]
 
     def _check_ids(self, ids: Sequence[int]) -> None:
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
-            )
+        size = self.vocab_size
+        bad = [i for i in ids if not 0 <= i < size]
+        if bad:  # the backend would silently drop them
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {size})")
 
     @cached_property
     def _compiled_template(self) -> jinja2.Template:
@@ -383,7 +373,10 @@ class Tokenizer:
             raise ValueError(
                 "this tokenizer has no chat template; send a plain prompt (completions) instead"
             )
-        return _jinja_environment().from_string(self.chat_template)
+        try:
+            return _jinja_environment().from_string(self.chat_template)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(f"the chat template is not valid Jinja: {error}") from error
 
     def apply_chat_template(
         self,
@@ -393,14 +386,15 @@ class Tokenizer:
     ) -> str | list[int]:
         """Render OpenAI-style messages into the prompt text the model was trained on."""
         check_messages(messages)
-        try:  # a syntax error surfaces on first use, a raise_exception() call while rendering
-            text = self._compiled_template.render(
+        template = self._compiled_template
+        special = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        try:
+            text = template.render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
+                **{name: token for name, token in special.items() if token is not None},
             )
-        except jinja2.TemplateError as error:
+        except jinja2.TemplateError as error:  # raise_exception(), or the sandbox saying no
             raise ValueError(f"the chat template rejected these messages: {error}") from error
         # The template writes BOS itself when the model wants one.
         return self.encode(text, add_special_tokens=False) if tokenize else text
