@@ -14,7 +14,11 @@ def main(argv: list[str] | None = None) -> int:
     _add_generate_parser(commands)
     check.add_check_parser(commands)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input: say what, no traceback
+        print(f"minserve: error: {e}", file=sys.stderr)
+        return 2
 
 
 def _add_generate_parser(commands: argparse._SubParsersAction) -> None:
