@@ -68,11 +68,10 @@ class Sample:
         self.token_ids.append(token_id)
         if logprobs is not None and self.logprobs is not None:
             self.logprobs.append(logprobs)
-        delta = self.detokenizer.step(token_id)
-        if self._stops_on_token(token_id, rules):
+        if self._stops_on_token(token_id, rules):  # its text is not part of the output
             self._finish("stop", None if token_id in rules.eos_token_ids else token_id)
             return
-        emitted, matched = self.stops.feed(delta)
+        emitted, matched = self.stops.feed(self.detokenizer.step(token_id))
         self.text += emitted
         if matched is not None:
             self._finish("stop", matched, flush=False)
@@ -96,8 +95,9 @@ class Sample:
         )
 
     def _finish(self, reason: str, stop_reason: int | str | None, flush: bool = True) -> None:
-        if flush:
-            self.text += self.stops.flush()
+        if flush:  # release text held back for an open character or a possible stop string
+            emitted, _ = self.stops.feed(self.detokenizer.flush())
+            self.text += emitted + self.stops.flush()
         self.finish_reason, self.stop_reason = reason, stop_reason
 
     def to_output(self) -> CompletionOutput:

@@ -1,0 +1,187 @@
+"""PagedAttention in plain torch: the CPU backend, and the reference the Triton kernels match.
+
+A step does two things per layer. *Store*: each new token's k/v goes to the pool slot the
+scheduler gave it (`slot_mapping`). *Attend*: each query token sees its own sequence's cached
+tokens, gathered block by block through the sequence's block table, up to its own position.
+
+Decodes (one query token each) are many and short, so they run together as one padded,
+masked batch; prefill and extend chunks are few and long, so they run one by one. Math is
+done in fp32 whatever the cache dtype, to stay close to the contiguous reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Sequences attended in one computation: all the decodes, or a single prefill chunk."""
+
+    rows: torch.Tensor | slice  # their query tokens' rows in the flat batch
+    tables: torch.Tensor  # [B, blocks] int64: block tables, cut to the blocks these need
+    positions: torch.Tensor  # [B, n] int64: each query token's position in its sequence
+
+
+def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGroup]:
+    """Split a step into attention groups. Reads the metadata to the host once per step."""
+    if metadata.block_tables.shape[1] * block_size < metadata.max_context_len:
+        raise ValueError(
+            f"block tables have {metadata.block_tables.shape[1]} blocks of {block_size} "
+            f"tokens, too few for a context of {metadata.max_context_len} tokens"
+        )
+    starts = metadata.query_start_loc.tolist()
+    contexts = metadata.context_lens.tolist()
+    tables = metadata.block_tables.long()  # [num_seqs, max_blocks]
+    device = tables.device
+    seqs = range(metadata.num_seqs)
+    decodes = [i for i in seqs if starts[i + 1] - starts[i] == 1]
+    groups = []
+    if decodes:
+        num_blocks = _cdiv(max(contexts[i] for i in decodes), block_size)
+        groups.append(
+            AttentionGroup(
+                rows=torch.tensor([starts[i] for i in decodes], device=device),
+                tables=tables[torch.tensor(decodes, device=device), :num_blocks],
+                positions=torch.tensor([[contexts[i] - 1] for i in decodes], device=device),
+            )
+        )
+    for i in seqs:
+        if starts[i + 1] - starts[i] > 1:
+            groups.append(
+                AttentionGroup(
+                    rows=slice(starts[i], starts[i + 1]),
+                    tables=tables[i : i + 1, : _cdiv(contexts[i], block_size)],
+                    positions=torch.arange(
+                        contexts[i] - (starts[i + 1] - starts[i]), contexts[i], device=device
+                    )[None],
+                )
+            )
+    return groups
+
+
+def paged_store_reference(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write k, v [T, Hkv, D] into the caches [num_blocks, block_size, Hkv, D] at their slots.
+
+    Slot s is block s // block_size, offset s % block_size: the flat view
+    [num_blocks * block_size, Hkv, D], indexed without assuming the pool is contiguous.
+    """
+    block_size = k_cache.shape[1]
+    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size  # [T] each
+    k_cache[blocks, offsets] = k
+    v_cache[blocks, offsets] = v
+
+
+def paged_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D]: each query attends causally over its sequence's pages.
+
+    `scale` defaults to 1 / sqrt(head_dim). The step's own k/v must already be stored.
+    """
+    return attend_groups(q, k_cache, v_cache, plan_step(metadata, k_cache.shape[1]), scale)
+
+
+def attend_groups(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    groups: list[AttentionGroup],
+    scale: float | None,
+) -> torch.Tensor:
+    """Run each planned group and scatter its output back to its rows: [T, Hq, D]."""
+    num_heads, head_dim = q.shape[1:]
+    out = torch.empty_like(q)  # [T, Hq, D]
+    for g in groups:
+        batch, n = g.positions.shape
+        group_q = q[g.rows].view(batch, n, num_heads, head_dim)  # [B, n, Hq, D]
+        k = gather_context(k_cache, g.tables, g.positions)  # [B, blocks * block_size, Hkv, D]
+        v = gather_context(v_cache, g.tables, g.positions)
+        group_out = causal_attention(group_q.float(), k, v, g.positions, scale)  # [B, n, Hq, D]
+        out[g.rows] = group_out.view(batch * n, num_heads, head_dim).to(q.dtype)
+    return out
+
+
+def gather_context(
+    cache: torch.Tensor, tables: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """Copy each sequence's pages out of the pool, in order: [B, blocks * block_size, Hkv, D].
+
+    The result is fp32. Slots past a sequence's last query position (the rest of its last
+    block, the padding blocks) may hold stale values, even NaN, so they are zeroed: a NaN key
+    or value would poison the output even under a zero attention weight.
+    """
+    gathered = cache[tables].flatten(1, 2).float()  # [B, blocks * block_size, Hkv, D]
+    key_pos = torch.arange(gathered.shape[1], device=gathered.device)
+    stale = key_pos[None, :] > positions[:, -1:]  # [B, blocks * block_size]
+    return gathered.masked_fill_(stale[:, :, None, None], 0.0)
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """GQA attention of q [B, n, Hq, D] over k, v [B, S, Hkv, D]: query at p sees keys 0..p.
+
+    One mask covers both causality within a chunk and the padding of shorter sequences.
+    """
+    key_pos = torch.arange(k.shape[1], device=k.device)
+    visible = key_pos[None, None, :] <= positions[:, :, None]  # [B, n, S]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),  # [B, Hq, n, D]
+        k.transpose(1, 2),  # [B, Hkv, S, D]
+        v.transpose(1, 2),
+        attn_mask=visible[:, None],  # [B, 1, n, S], the same for every head
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)  # [B, n, Hq, D]
+
+
+class TorchPagedAttention:
+    """`AttentionFn` over a paged KV pool (PagedAttention), in plain torch.
+
+    Built once per step: the step's plan is computed here and reused by every layer.
+    """
+
+    def __init__(
+        self, kv: PagedKVCache, metadata: AttentionMetadata, scale: float | None = None
+    ) -> None:
+        self.kv = kv
+        self.metadata = metadata
+        self.scale = scale
+        self.groups = plan_step(metadata, block_size=kv.k_cache(0).shape[1])
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        if q.shape[0] != self.metadata.num_tokens:
+            raise ValueError(
+                f"step has {q.shape[0]} tokens but the attention metadata maps "
+                f"{self.metadata.num_tokens}; build the metadata from the same batch"
+            )
+        k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
+        paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
+        return attend_groups(q, k_cache, v_cache, self.groups, self.scale)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,59 @@
+"""Engine configuration as frozen dataclasses, with vLLM's option names.
+
+`LLM(**options)` splits its keyword arguments into these; each validates itself so a bad
+value fails at construction with a message naming the option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
+DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither num_blocks nor a budget is given
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV pool: block size and how many blocks (a count or a byte budget)."""
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    swap_space: float = 0.0  # GiB of host memory for preempted sequences' blocks (0: recompute)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be at least 1, got {self.num_blocks}")
+        if self.num_blocks is not None and self.kv_cache_memory_bytes is not None:
+            raise ValueError("give num_blocks or kv_cache_memory_bytes, not both")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(
+                f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}"
+            )
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space (GiB) must be >= 0, got {self.swap_space}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Iteration-level batching limits (vLLM names): sequences and tokens per step."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}"
+            )
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"unknown scheduling_policy {self.scheduling_policy!r}; "
+                f"choose one of {', '.join(SCHEDULING_POLICIES)}"
+            )

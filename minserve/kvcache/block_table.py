@@ -1,0 +1,115 @@
+"""A sequence's block table: which physical block holds each of its logical blocks.
+
+PagedAttention's block table maps token position p to logical block p // block_size,
+and the table maps that to a physical block of the pool; the token's KV lands in slot
+`block * block_size + p % block_size`. Forked sequences share blocks; the first write
+into a shared, partly-filled last block copies it first (copy-on-write).
+"""
+
+from __future__ import annotations
+
+from minserve.kvcache.block_allocator import BlockAllocator, NoFreeBlocksError
+
+
+class BlockTable:
+    """One sequence's logical->physical block map (PagedAttention's block table)."""
+
+    def __init__(self, block_size: int) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        self.block_size = block_size
+        self.blocks: list[int] = []  # physical block of logical block i
+        self.num_tokens = 0  # tokens whose slots are assigned
+        # Set by fork while the partly-filled last block is shared with a sibling; lets
+        # `blocks_needed` without an allocator stay an upper bound.
+        self._tail_maybe_shared = False
+
+    @property
+    def _tail_partly_filled(self) -> bool:
+        return self.num_tokens % self.block_size != 0
+
+    def blocks_needed(
+        self, num_new_tokens: int, allocator: BlockAllocator | None = None
+    ) -> int:
+        """New blocks `append(allocator, num_new_tokens)` would allocate.
+
+        Counts one more for the copy-on-write of a shared, partly-filled last block. With
+        the allocator the count is exact; without it, a last block shared by `fork` is
+        assumed still shared (an upper bound, off by one once the sibling has let go).
+        """
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        if num_new_tokens == 0:
+            return 0
+        spare = len(self.blocks) * self.block_size - self.num_tokens  # free slots in the tail
+        fresh = -(-max(0, num_new_tokens - spare) // self.block_size)  # ceil division
+        return fresh + int(self._needs_copy_on_write(allocator))
+
+    def _needs_copy_on_write(self, allocator: BlockAllocator | None) -> bool:
+        if not self._tail_partly_filled:
+            return False  # a full (or no) last block is never written again
+        if allocator is None:
+            return self._tail_maybe_shared
+        return allocator.refcount(self.blocks[-1]) > 1
+
+    def append(
+        self, allocator: BlockAllocator, num_new_tokens: int
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Assign slots to the next `num_new_tokens` tokens, allocating blocks as needed.
+
+        Returns (slots, copies): one slot per new token, and the (src, dst) block pairs the
+        KV pool must copy before the step writes (copy-on-write of a shared last block).
+        Atomic: raises `NoFreeBlocksError` and changes nothing if blocks run short.
+        """
+        needed = self.blocks_needed(num_new_tokens, allocator)
+        if not allocator.can_allocate(needed):
+            raise NoFreeBlocksError(
+                f"appending {num_new_tokens} tokens needs {needed} new blocks, "
+                f"but only {allocator.num_free} are free"
+            )
+        if num_new_tokens == 0:
+            return [], []
+        copies = [self._copy_on_write(allocator)] if self._needs_copy_on_write(allocator) else []
+        first = self.num_tokens
+        while len(self.blocks) * self.block_size < first + num_new_tokens:
+            self.blocks.append(allocator.allocate())
+        self.num_tokens += num_new_tokens
+        self._tail_maybe_shared = False  # the tail is now private: copied, fresh or unshared
+        return [self.slot(p) for p in range(first, self.num_tokens)], copies
+
+    def _copy_on_write(self, allocator: BlockAllocator) -> tuple[int, int]:
+        """Swap the shared last block for a private copy; the pool copies src -> dst."""
+        shared, private = self.blocks[-1], allocator.allocate()
+        allocator.free(shared)  # our reference only: the sibling keeps the block
+        self.blocks[-1] = private
+        return shared, private
+
+    def fork(self, allocator: BlockAllocator) -> BlockTable:
+        """A copy of this table sharing every block (parallel sampling, beam search)."""
+        child = BlockTable(self.block_size)
+        child.blocks = list(self.blocks)
+        child.num_tokens = self.num_tokens
+        for block in self.blocks:
+            allocator.share(block)
+        shared_tail = self._tail_partly_filled
+        self._tail_maybe_shared = child._tail_maybe_shared = shared_tail
+        return child
+
+    def free(self, allocator: BlockAllocator) -> None:
+        """Release every block and empty the table."""
+        # Last block first: the free list reuses blocks in the order they were freed, so a
+        # sequence's first blocks (a prompt others may share) stay untouched the longest.
+        for block in reversed(self.blocks):
+            allocator.free(block)
+        self.blocks = []
+        self.num_tokens = 0
+        self._tail_maybe_shared = False
+
+    def slot(self, position: int) -> int:
+        """The pool slot holding token `position`'s KV: block * block_size + offset."""
+        if not 0 <= position < self.num_tokens:
+            raise IndexError(
+                f"position {position} has no slot; this table holds {self.num_tokens} tokens"
+            )
+        block, offset = divmod(position, self.block_size)
+        return self.blocks[block] * self.block_size + offset

@@ -1,0 +1,1 @@
+"""The scheduling plane: which sequences run in each step, and how many tokens each."""

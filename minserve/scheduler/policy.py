@@ -1,0 +1,48 @@
+"""Scheduling policies, chosen by name: who is served first and who is preempted first.
+
+A policy is a sort key. Sequences sorted by it are served front to back and preempted
+back to front. A preempted sequence keeps its arrival time, so under FCFS it returns to
+the front of the queue without any special case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from minserve.scheduler.sequence import Sequence
+
+# The seeds' three request classes, as vLLM-style priorities (lower is served first).
+SLO_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
+
+PolicyKey = Callable[[Sequence], tuple]
+
+
+def fcfs(seq: Sequence) -> tuple:
+    """First come, first served."""
+    return (seq.arrival_time, seq.order)
+
+
+def priority(seq: Sequence) -> tuple:
+    """Lower `priority` first (SLO class), then first come, first served."""
+    return (seq.priority, seq.arrival_time, seq.order)
+
+
+POLICIES: dict[str, PolicyKey] = {"fcfs": fcfs, "priority": priority}
+
+
+def get_policy(name: str) -> PolicyKey:
+    if name not in POLICIES:
+        raise ValueError(f"unknown scheduling_policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+def priority_value(value: int | str) -> int:
+    """An int priority, or an SLO class name (interactive / standard / batch)."""
+    if isinstance(value, str):
+        if value not in SLO_CLASSES:
+            raise ValueError(
+                f"unknown SLO class {value!r}; choose one of {', '.join(SLO_CLASSES)} "
+                "or give an integer priority (lower runs first)"
+            )
+        return SLO_CLASSES[value]
+    return int(value)

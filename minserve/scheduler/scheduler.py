@@ -1,0 +1,202 @@
+"""Iteration-level scheduling with chunked prefill and preemption (vLLM + Sarathi-Serve).
+
+Every step, under a token budget (`max_num_batched_tokens`) and a sequence cap
+(`max_num_seqs`):
+1. running sequences first, decodes before prefill chunks, so streams never stall;
+   when the KV pool runs out of blocks, the lowest-priority running sequence is
+   preempted (recomputed later, or swapped to host memory when swap space is set);
+2. then swapped-out sequences come back, then waiting ones are admitted, each with as
+   much of its prompt as the remaining budget allows (a chunk, with chunked prefill).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minserve.config import SchedulerConfig
+from minserve.kvcache.manager import KVCacheManager
+from minserve.scheduler.policy import get_policy
+from minserve.scheduler.sequence import Sequence, SeqStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One sequence in this step's batch, with the number of tokens it runs."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def start(self) -> int:
+        """Position of the first token this step computes."""
+        return self.seq.num_computed_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """This step's batch (decodes first) and what had to make room for it."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class SchedulerStats:
+    """Counters the engine reports through `get_metrics()`."""
+
+    num_preemptions: int = 0
+    num_swapped_out: int = 0
+    num_swapped_in: int = 0
+
+
+class Scheduler:
+    """Decides, each step, which sequences run and how many tokens each computes."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.policy = get_policy(config.scheduling_policy)
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        self.stats = SchedulerStats()
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        self._swap_in()
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:  # admitting new work while evicting old would thrash
+            self._admit_waiting(out, budget)
+        return out
+
+    # >>> exercise 3.1: schedule the running sequences
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Give each running sequence its tokens, decodes first, preempting when blocks run out.
+
+        Returns the token budget left for waiting sequences.
+        """
+        # >>> solution
+        queue = sorted(self.running, key=lambda s: (not s.is_decode, self.policy(s)))
+        while queue:
+            seq = queue.pop(0)
+            num_new = self._chunk(seq, budget)
+            if num_new == 0:
+                continue
+            while not self.kv.can_append(seq.block_table, num_new):
+                victim = max(queue, key=self.policy) if queue else seq
+                if victim is not seq:
+                    queue.remove(victim)
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                self.kv.append(seq.block_table, num_new)
+                out.scheduled.append(ScheduledSeq(seq, num_new))
+                budget -= num_new
+        return budget
+        # <<< solution
+
+    # <<< exercise
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting sequences in policy order while budget, seats and blocks last."""
+        self.waiting.sort(key=self.policy)
+        while self.waiting:
+            seq = self.waiting[0]
+            if self._num_seqs() + seq.width > self.config.max_num_seqs:
+                return
+            num_new = self._chunk(seq, budget)
+            if num_new == 0 or not self.kv.can_append(seq.block_table, num_new):
+                return
+            self.waiting.pop(0)
+            self.kv.append(seq.block_table, num_new)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens `seq` may compute now: all it needs, or a chunk of it (Sarathi-Serve)."""
+        needed = seq.num_uncomputed_tokens
+        if needed <= budget:
+            return needed
+        return budget if self.config.enable_chunked_prefill else 0
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Take `seq` off the batch: swap its blocks to host memory, or free them to recompute."""
+        self.running.remove(seq)
+        self.stats.num_preemptions += 1
+        out.preempted.append(seq)
+        if self.kv.can_swap_out(seq.block_table):
+            self.kv.swap_out(seq, seq.block_table)
+            seq.status = SeqStatus.SWAPPED
+            self.swapped.append(seq)
+            self.stats.num_swapped_out += 1
+            return
+        self.kv.free(seq.block_table)
+        seq.num_computed_tokens = 0  # recompute: prompt and outputs so far, as one prefill
+        self.add(seq)
+
+    def _swap_in(self) -> None:
+        """Bring swapped sequences back while their blocks (plus one to grow) are free."""
+        self.swapped.sort(key=self.policy)
+        while self.swapped and self._num_seqs() < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            if not self.kv.can_swap_in(seq, headroom=1):
+                return
+            self.swapped.pop(0)
+            self.kv.swap_in(seq, seq.block_table)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            self.stats.num_swapped_in += 1
+
+    def _num_seqs(self) -> int:
+        return sum(s.width for s in self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks, wherever it is."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self.kv.free(seq.block_table)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+            self.kv.free(seq.block_table)  # a recomputing sequence may hold none; harmless
+        elif seq.status is SeqStatus.SWAPPED:
+            self.swapped.remove(seq)
+            self.kv.discard_swapped(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def fork(self, seq: Sequence) -> list[Sequence]:
+        """After a request's prefill: n - 1 siblings sharing the prompt's blocks."""
+        siblings = [
+            Sequence(
+                request=seq.request,
+                sample=sample,
+                block_table=self.kv.fork(seq.block_table),
+                priority=seq.priority,
+                status=SeqStatus.RUNNING,
+                order=seq.order,
+                num_computed_tokens=seq.num_computed_tokens,
+            )
+            for sample in seq.unforked
+        ]
+        seq.unforked = []
+        self.running.extend(siblings)
+        return siblings

@@ -1,0 +1,61 @@
+"""A sequence as the scheduler sees it: its tokens, its blocks, how much is computed.
+
+A request with n > 1 starts as one sequence that prefills the prompt once; when the
+prefill completes, it forks into n sequences that share the prompt's blocks (reference
+counts, copy-on-write) and sample their own continuations.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from minserve.kvcache.block_table import BlockTable
+from minserve.request import Request, Sample
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # never run, or preempted by recompute: needs (re)prefill
+    RUNNING = "running"
+    SWAPPED = "swapped"  # preempted by swapping its blocks to host memory
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sample's progress through the engine."""
+
+    request: Request
+    sample: Sample
+    block_table: BlockTable
+    priority: int = 0  # lower runs first (vLLM's convention)
+    order: int = 0  # admission order, breaks ties between equal arrival times
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the pool
+    unforked: list[Sample] = field(default_factory=list)  # siblings that fork after prefill
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.sample.prompt_token_ids + self.sample.token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return self.sample.num_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens to run through the model before the next sample: 1 for a decode."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_uncomputed_tokens == 1 and self.num_computed_tokens > 0
+
+    @property
+    def width(self) -> int:
+        """Sequences this entry will become: 1, or n before a request's prefill forks it."""
+        return 1 + len(self.unforked)
+
+    @property
+    def arrival_time(self) -> float:
+        return self.request.metrics.arrival_time
