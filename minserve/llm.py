@@ -10,18 +10,22 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from minserve.errors import PromptTooLongError
+from minserve.config import CacheConfig, SchedulerConfig
+from minserve.engine import LLMEngine
+from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.sampler import Sampler
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import RequestOutput
 from minserve.reference import ReferenceGenerator
-from minserve.request import Request, StopRules
+from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
+from minserve.scheduler.policy import priority_value
 
 # A prompt is text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...}.
 Prompt = str | list[int] | dict[str, Any]
 Message = dict[str, str]
+ENGINES = ("paged", "reference")
 
 
 class LLM:
@@ -29,7 +33,8 @@ class LLM:
 
     model: a .gguf file or a Hugging Face checkpoint folder; None means the bundled
     SmolLM2-135M-Instruct. dtype: "auto" (fp32 on CPU, bf16 on GPU), "float32",
-    "bfloat16" or "float16". sampler: a `Sampler`, e.g. one built from your exercise module.
+    "bfloat16" or "float16". The other options are vLLM's (see docs/engine.md);
+    engine="reference" runs the contiguous-KV reference path instead (the oracle).
     """
 
     def __init__(
@@ -38,39 +43,73 @@ class LLM:
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
         max_model_len: int | None = None,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        swap_space: float = 0.0,
         max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        enable_chunked_prefill: bool = True,
+        scheduling_policy: str = "fcfs",
+        attention_backend: str = "torch",
         sampler: Sampler | None = None,
+        block_allocator_cls: type = BlockAllocator,
+        engine: str = "paged",
     ) -> None:
-        self.loaded: LoadedModel = load_model(model, dtype=dtype, device=device)
-        limit = self.loaded.config.max_position_embeddings
-        if max_model_len is not None and not 0 < max_model_len <= limit:
-            raise ValueError(
-                f"max_model_len must be in [1, {limit}] for this model, got {max_model_len}"
-            )
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
-        self.max_model_len = max_model_len or limit
-        self.rules = StopRules(self.loaded.eos_token_ids, self.max_model_len)
-        self.generator = ReferenceGenerator(
-            self.loaded.model, sampler or Sampler(), self.rules, max_num_seqs
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        cache = CacheConfig(block_size, num_blocks, kv_cache_memory_bytes, swap_space)
+        scheduler = SchedulerConfig(
+            max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy
         )
+        self.loaded: LoadedModel = load_model(model, dtype=dtype, device=device)
+        self.sampler = sampler or Sampler()
+        self.engine: LLMEngine | None = None
+        self.reference: ReferenceGenerator | None = None
+        if engine == "paged":
+            self.engine = LLMEngine(
+                self.loaded, cache, scheduler, max_model_len, self.sampler,
+                attention_backend, block_allocator_cls,
+            )  # fmt: skip
+            self.max_model_len = self.engine.max_model_len
+        else:
+            self.max_model_len = _reference_max_len(max_model_len, self.loaded)
+            rules = StopRules(self.loaded.eos_token_ids, self.max_model_len)
+            self.reference = ReferenceGenerator(self.loaded.model, self.sampler, rules, max_num_seqs)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.loaded.tokenizer
+
+    def get_metrics(self) -> dict[str, float]:
+        """Engine counters: steps, preemptions, swaps, KV usage, tokens (paged engine only)."""
+        if self.engine is None:
+            raise ValueError("metrics come from the paged engine; this LLM runs engine='reference'")
+        return self.engine.get_metrics()
 
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int | str] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for one prompt or many; outputs come back in the order of the prompts."""
+        """Generate for one prompt or many; outputs come back in the order of the prompts.
+
+        priority: one per prompt, an int (lower runs first) or an SLO class name
+        ("interactive", "standard", "batch"); used by scheduling_policy="priority".
+        """
         prompt_list = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompt_list))
-        requests = [self._make_request(p, sp) for p, sp in zip(prompt_list, params, strict=True)]
-        with tqdm(total=len(requests), desc="Generating", disable=not use_tqdm) as bar:
-            self.generator.run(requests, on_finish=lambda _: bar.update(1))
+        priorities = [priority_value(p) for p in priority or [0] * len(prompt_list)]
+        if len(priorities) != len(prompt_list):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompt_list)} prompts")
+        with tqdm(total=len(prompt_list), desc="Generating", disable=not use_tqdm) as bar:
+            if self.engine is None:
+                requests = [self._reference_request(p, sp) for p, sp in zip(prompt_list, params)]
+                self.reference.run(requests, on_finish=lambda _: bar.update(1))
+            else:
+                requests = self._run_engine(prompt_list, params, priorities, bar)
         return [r.to_output() for r in requests]
 
     def chat(
@@ -89,9 +128,24 @@ class LLM:
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
+    def _run_engine(
+        self, prompts: list[Prompt], params: list[SamplingParams], priorities: list[int], bar: tqdm
+    ) -> list[Request]:
+        assert self.engine is not None
+        tokenized = [self._tokenize(p) for p in prompts]  # validate all before queueing any
+        for _, token_ids in tokenized:
+            validate_prompt(token_ids, self.loaded.config.vocab_size, self.max_model_len)
+        requests = [
+            self.engine.add_request(str(next(self._ids)), text, ids, sp, prio)
+            for (text, ids), sp, prio in zip(tokenized, params, priorities)
+        ]
+        while self.engine.has_unfinished_requests():
+            bar.update(sum(out.finished for out in self.engine.step()))
+        return requests
+
+    def _reference_request(self, prompt: Prompt, params: SamplingParams) -> Request:
         text, token_ids = self._tokenize(prompt)
-        self._validate_prompt(token_ids)
+        validate_prompt(token_ids, self.loaded.config.vocab_size, self.max_model_len)
         request_id = str(next(self._ids))
         return Request.create(request_id, text, token_ids, params, self.loaded.tokenizer)
 
@@ -106,15 +160,12 @@ class LLM:
             return prompt, self.loaded.tokenizer.encode(prompt)
         return None, list(prompt)
 
-    def _validate_prompt(self, token_ids: list[int]) -> None:
-        if not token_ids:
-            raise ValueError("prompt is empty: give at least one token")
-        vocab = self.loaded.config.vocab_size
-        bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
-        if len(token_ids) >= self.max_model_len:  # leave room for at least one new token
-            raise PromptTooLongError(len(token_ids), self.max_model_len)
+
+def _reference_max_len(requested: int | None, loaded: LoadedModel) -> int:
+    limit = loaded.config.max_position_embeddings
+    if requested is not None and not 0 < requested <= limit:
+        raise ValueError(f"max_model_len must be in [1, {limit}] for this model, got {requested}")
+    return requested or limit
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

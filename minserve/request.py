@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minserve.errors import PromptTooLongError
 from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.model.sampler import SamplingRow
 from minserve.model.tokenizer import Tokenizer
@@ -179,3 +180,14 @@ def _generator(seed: int | None, index: int) -> torch.Generator | None:
     if seed is None:
         return None
     return torch.Generator().manual_seed(seed * 1_000_003 + index)
+
+
+def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
+    """Reject a prompt the engine cannot run, saying why (with the numbers)."""
+    if not token_ids:
+        raise ValueError("prompt is empty: give at least one token")
+    bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
+    if bad:
+        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
+    if len(token_ids) >= max_model_len:  # leave room for at least one new token
+        raise PromptTooLongError(len(token_ids), max_model_len)

@@ -24,8 +24,9 @@ class AttentionGroup:
     """Sequences attended in one computation: all the decodes, or a single prefill chunk."""
 
     rows: torch.Tensor | slice  # their query tokens' rows in the flat batch
-    tables: torch.Tensor  # [B, blocks] int64: block tables, cut to the blocks these need
+    tables: torch.Tensor  # [B, max_blocks] int64: their block tables
     positions: torch.Tensor  # [B, n] int64: each query token's position in its sequence
+    num_keys: int  # the longest context among them: keys gathered per sequence
 
 
 def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGroup]:
@@ -43,26 +44,37 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGro
     decodes = [i for i in seqs if starts[i + 1] - starts[i] == 1]
     groups = []
     if decodes:
-        num_blocks = _cdiv(max(contexts[i] for i in decodes), block_size)
         groups.append(
             AttentionGroup(
                 rows=torch.tensor([starts[i] for i in decodes], device=device),
-                tables=tables[torch.tensor(decodes, device=device), :num_blocks],
+                tables=tables[torch.tensor(decodes, device=device)],
                 positions=torch.tensor([[contexts[i] - 1] for i in decodes], device=device),
+                num_keys=max(contexts[i] for i in decodes),
             )
         )
     for i in seqs:
-        if starts[i + 1] - starts[i] > 1:
+        start, end, context = starts[i], starts[i + 1], contexts[i]
+        if end - start > 1:
             groups.append(
                 AttentionGroup(
-                    rows=slice(starts[i], starts[i + 1]),
-                    tables=tables[i : i + 1, : _cdiv(contexts[i], block_size)],
-                    positions=torch.arange(
-                        contexts[i] - (starts[i + 1] - starts[i]), contexts[i], device=device
-                    )[None],
+                    rows=slice(start, end),
+                    tables=tables[i : i + 1],
+                    positions=torch.arange(context - (end - start), context, device=device)[None],
+                    num_keys=context,
                 )
             )
     return groups
+
+
+def flat_slots(cache: torch.Tensor) -> torch.Tensor:
+    """[num_blocks, block_size, Hkv, D] -> [num_blocks * block_size, Hkv, D], a view by slot."""
+    try:
+        return cache.view(-1, *cache.shape[2:])
+    except RuntimeError as e:
+        raise ValueError(
+            f"a layer's KV cache of shape {tuple(cache.shape)} and strides {cache.stride()} "
+            "cannot be viewed as one row per slot; keep each layer's blocks contiguous"
+        ) from e
 
 
 def paged_store_reference(
@@ -74,13 +86,10 @@ def paged_store_reference(
 ) -> None:
     """Write k, v [T, Hkv, D] into the caches [num_blocks, block_size, Hkv, D] at their slots.
 
-    Slot s is block s // block_size, offset s % block_size: the flat view
-    [num_blocks * block_size, Hkv, D], indexed without assuming the pool is contiguous.
+    Slot s is block s // block_size, offset s % block_size: row s of the flat view.
     """
-    block_size = k_cache.shape[1]
-    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size  # [T] each
-    k_cache[blocks, offsets] = k
-    v_cache[blocks, offsets] = v
+    flat_slots(k_cache)[slot_mapping] = k
+    flat_slots(v_cache)[slot_mapping] = v
 
 
 def paged_attention_reference(
@@ -110,26 +119,28 @@ def attend_groups(
     for g in groups:
         batch, n = g.positions.shape
         group_q = q[g.rows].view(batch, n, num_heads, head_dim)  # [B, n, Hq, D]
-        k = gather_context(k_cache, g.tables, g.positions)  # [B, blocks * block_size, Hkv, D]
-        v = gather_context(v_cache, g.tables, g.positions)
+        k = gather_context(k_cache, g)  # [B, num_keys, Hkv, D] fp32
+        v = gather_context(v_cache, g)
         group_out = causal_attention(group_q.float(), k, v, g.positions, scale)  # [B, n, Hq, D]
         out[g.rows] = group_out.view(batch * n, num_heads, head_dim).to(q.dtype)
     return out
 
 
-def gather_context(
-    cache: torch.Tensor, tables: torch.Tensor, positions: torch.Tensor
-) -> torch.Tensor:
-    """Copy each sequence's pages out of the pool, in order: [B, blocks * block_size, Hkv, D].
+def gather_context(cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    """Copy each sequence's keys (or values) out of the pool, in order: [B, num_keys, Hkv, D].
 
-    The result is fp32. Slots past a sequence's last query position (the rest of its last
-    block, the padding blocks) may hold stale values, even NaN, so they are zeroed: a NaN key
-    or value would poison the output even under a zero attention weight.
+    Token p of a sequence sits in slot table[p // block_size] * block_size + p % block_size.
+    Past a sequence's last query position, keys are masked anyway, but the slots there (the
+    rest of its last block, table padding) may hold stale values, even NaN, which would poison
+    the output under a zero weight. So those keys re-read the last real token instead.
     """
-    gathered = cache[tables].flatten(1, 2).float()  # [B, blocks * block_size, Hkv, D]
-    key_pos = torch.arange(gathered.shape[1], device=gathered.device)
-    stale = key_pos[None, :] > positions[:, -1:]  # [B, blocks * block_size]
-    return gathered.masked_fill_(stale[:, :, None, None], 0.0)
+    block_size = cache.shape[1]
+    key_pos = torch.arange(group.num_keys, device=group.tables.device)  # [S]
+    key_pos = torch.minimum(key_pos[None, :], group.positions[:, -1:])  # [B, S]
+    blocks = group.tables.gather(1, key_pos // block_size)  # [B, S]
+    slots = blocks * block_size + key_pos % block_size  # [B, S]
+    rows = flat_slots(cache).index_select(0, slots.flatten())  # [B * S, Hkv, D]
+    return rows.view(*slots.shape, *cache.shape[2:]).float()  # [B, S, Hkv, D]
 
 
 def causal_attention(
@@ -181,7 +192,3 @@ class TorchPagedAttention:
         k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
         paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
         return attend_groups(q, k_cache, v_cache, self.groups, self.scale)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -176,7 +176,12 @@ def decode_rate(
     for _ in range(repeats):
         full = min(full, seconds(lambda: generate(new_tokens)))
         prefill = min(prefill, seconds(lambda: generate(1)))
-    return batch_size * (new_tokens - 1) / max(full - prefill, 1e-9)
+    if full <= prefill:
+        raise RuntimeError(
+            f"{new_tokens} tokens took {full:.3f} s, no longer than 1 token ({prefill:.3f} s): "
+            "the machine is too busy to time decode; generate more tokens or retry"
+        )
+    return batch_size * (new_tokens - 1) / (full - prefill)
 
 
 def decode_tokens_per_second(

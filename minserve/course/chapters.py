@@ -61,6 +61,23 @@ CHAPTERS: tuple[Chapter, ...] = (
         ),
         checks="minserve.course.checks_ch00",
     ),
+    Chapter(
+        number="01",
+        slug="block_allocator",
+        title="KV cache and the block allocator",
+        module="ch01_block_allocator",
+        sources=("kvcache/block_allocator.py",),
+        header=(
+            '"""Chapter 01, KV cache and the block allocator: free list and reference counts.\n\n'
+            "The paged KV pool is cut into blocks; `BlockAllocator` hands out block ids and\n"
+            "counts who holds each one. Plug your class into the engine with\n"
+            "`LLM(block_allocator_cls=BlockAllocator)`.\n"
+            '"""\n\n'
+            "from collections import deque\n\n"
+            "from minserve.kvcache import NoFreeBlocksError\n"
+        ),
+        checks="minserve.course.checks_ch01",
+    ),
 )
 
 

@@ -95,4 +95,6 @@ class BlockAllocator:
         """Reject ids outside the pool (a negative id would silently index from the end)."""
         if not 0 <= block < self.num_blocks:
             raise ValueError(f"unknown block id {block}; ids run from 0 to {self.num_blocks - 1}")
+
+
 # <<< exercise

@@ -28,9 +28,7 @@ class BlockTable:
     def _tail_partly_filled(self) -> bool:
         return self.num_tokens % self.block_size != 0
 
-    def blocks_needed(
-        self, num_new_tokens: int, allocator: BlockAllocator | None = None
-    ) -> int:
+    def blocks_needed(self, num_new_tokens: int, allocator: BlockAllocator | None = None) -> int:
         """New blocks `append(allocator, num_new_tokens)` would allocate.
 
         Counts one more for the copy-on-write of a shared, partly-filled last block. With

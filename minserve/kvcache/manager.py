@@ -56,7 +56,7 @@ class KVCacheManager:
     def can_swap_out(self, table: BlockTable) -> bool:
         if self.swap is None or not table.blocks:
             return False
-        return self.swap.can_swap_out(len(table.blocks), self.pool.bytes_per_block_value)
+        return self.swap.can_swap_out(len(table.blocks), self.pool.block_nbytes)
 
     def swap_out(self, key: Hashable, table: BlockTable) -> None:
         """Copy the blocks to host memory and give them back to the pool."""

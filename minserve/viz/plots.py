@@ -118,5 +118,5 @@ def plot_decode_rates(
         ax.hlines(floors[name], i - 0.4, i + 0.4, colors="black", linestyles="--", label=label)
     ax.set_ylabel("decode tokens/s")
     ax.set_title("Decode speed against the memory-bandwidth floor")
-    ax.legend()
+    ax.legend(loc="upper left")
     return fig

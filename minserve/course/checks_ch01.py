@@ -1,0 +1,141 @@
+"""Checks for chapter 01 (the block allocator), run against any module that defines
+`BlockAllocator`: minserve's own, the solutions, or a student's exercise file.
+
+Each check builds a small allocator, works it through a few allocations, shares and
+frees whose outcome can be worked out on paper, and asserts with a message that shows
+expected against got. Exhaustion must raise minserve's `NoFreeBlocksError` (the engine
+catches it to preempt); misuse (a double free, an unknown id) raises `ValueError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from minserve.kvcache import NoFreeBlocksError
+
+
+def _allocate_all(allocator: Any, count: int) -> list[int]:
+    return [allocator.allocate() for _ in range(count)]
+
+
+def _assert_raises(
+    action: Callable[[], object], error: type[Exception], what: str, hint: str
+) -> Exception:
+    """Run `action`; it must raise `error` (a stub's NotImplementedError passes through)."""
+    try:
+        result = action()
+    except error as caught:
+        return caught
+    raise AssertionError(f"{what}: expected {error.__name__}, got {result!r} ({hint})")
+
+
+def _assert_state(allocator: Any, what: str, num_free: int, refcounts: dict[int, int]) -> None:
+    """Compare num_free and some blocks' reference counts with what they should be."""
+    assert allocator.num_free == num_free, (
+        f"{what}: expected num_free == {num_free}, got {allocator.num_free}"
+    )
+    got = {block: allocator.refcount(block) for block in refcounts}
+    assert got == refcounts, f"{what}: expected reference counts {refcounts}, got {got}"
+
+
+def check_allocate_hands_out_distinct_blocks(impl: ModuleType) -> None:
+    """allocate() on a pool of 4 returns 4 distinct ids in 0..3, each with a count of 1."""
+    allocator = impl.BlockAllocator(4)
+    blocks = _allocate_all(allocator, 4)
+    assert sorted(blocks) == [0, 1, 2, 3], (
+        f"4 allocations from a pool of 4: expected the ids 0, 1, 2, 3 in some order, got {blocks}"
+    )
+    _assert_state(allocator, "after 4 allocations", 0, {b: 1 for b in range(4)})
+
+
+def check_allocate_when_exhausted_raises(impl: ModuleType) -> None:
+    """A fifth allocate() on a pool of 4 raises NoFreeBlocksError and changes nothing."""
+    allocator = impl.BlockAllocator(4)
+    _allocate_all(allocator, 4)
+    _assert_raises(
+        allocator.allocate,
+        NoFreeBlocksError,
+        "allocate() with every block in use",
+        "raise NoFreeBlocksError so the scheduler knows to wait or preempt",
+    )
+    _assert_state(allocator, "after the failed allocate()", 0, {b: 1 for b in range(4)})
+
+
+def check_free_returns_the_block_for_reuse(impl: ModuleType) -> None:
+    """Freeing block b of a full pool makes the next allocate() return b."""
+    allocator = impl.BlockAllocator(3)
+    blocks = _allocate_all(allocator, 3)
+    allocator.free(blocks[1])
+    _assert_state(allocator, f"after freeing block {blocks[1]}", 1, {blocks[1]: 0})
+    again = allocator.allocate()
+    assert again == blocks[1], (
+        f"allocate() after freeing block {blocks[1]} of a full pool: "
+        f"expected {blocks[1]}, the only free block, got {again}"
+    )
+
+
+def check_shared_block_stays_until_last_free(impl: ModuleType) -> None:
+    """A block shared twice (count 3) survives two frees and returns on the third."""
+    allocator = impl.BlockAllocator(2)
+    block = allocator.allocate()
+    allocator.share(block)
+    allocator.share(block)
+    for count in (2, 1):
+        allocator.free(block)
+        _assert_state(allocator, f"a shared block freed down to {count} users", 1, {block: count})
+    allocator.free(block)
+    _assert_state(allocator, "the last user freed the shared block", 2, {block: 0})
+
+
+def check_double_free_raises(impl: ModuleType) -> None:
+    """Freeing a block twice raises ValueError the second time and changes nothing."""
+    allocator = impl.BlockAllocator(2)
+    block = allocator.allocate()
+    allocator.free(block)
+    _assert_raises(
+        lambda: allocator.free(block),
+        ValueError,
+        f"free({block}) of a block already free",
+        "a double free would put the block on the free list twice",
+    )
+    _assert_state(allocator, "after the rejected double free", 2, {block: 0})
+
+
+def check_free_of_a_never_allocated_block_raises(impl: ModuleType) -> None:
+    """free() of a block nobody allocated raises ValueError; the pool is unchanged."""
+    allocator = impl.BlockAllocator(3)
+    held = allocator.allocate()
+    never = next(b for b in range(3) if b != held)
+    _assert_raises(
+        lambda: allocator.free(never),
+        ValueError,
+        f"free({never}) of a block that was never allocated",
+        "its reference count is already zero",
+    )
+    _assert_state(allocator, "after the rejected free", 2, {held: 1, never: 0})
+
+
+def check_many_cycles_keep_the_books(impl: ModuleType) -> None:
+    """10,000 rounds of allocate-all then free-all leave every block free, none lost."""
+    allocator = impl.BlockAllocator(8)
+    for _ in range(10_000 // 8):
+        for block in _allocate_all(allocator, 8):
+            allocator.free(block)
+    _assert_state(allocator, "after 10,000 allocate/free cycles", 8, {b: 0 for b in range(8)})
+    blocks = _allocate_all(allocator, 8)
+    assert sorted(blocks) == list(range(8)), (
+        f"allocating the whole pool after the cycles: expected ids 0..7, got {sorted(blocks)}"
+    )
+
+
+CHECKS = [
+    check_allocate_hands_out_distinct_blocks,
+    check_allocate_when_exhausted_raises,
+    check_free_returns_the_block_for_reuse,
+    check_shared_block_stays_until_last_free,
+    check_double_free_raises,
+    check_free_of_a_never_allocated_block_raises,
+    check_many_cycles_keep_the_books,
+]

@@ -1,0 +1,233 @@
+"""The engine: one `step()` = schedule, run the model over the flat batch, sample, append.
+
+    batch  = scheduler.schedule()          # who runs, how many tokens each (chunked prefill)
+    logits = runner.run(batch)             # decoder + paged attention over the KV pool
+    tokens = sampler(logits, rows)         # one token per sequence that finished its tokens
+    append, stop, free                     # Sample.append applies the stop rules
+
+`LLM` drives it to completion; the server (a later chapter) drives it step by step and
+streams each step's outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from minserve.attention.backends import get_attention_backend
+from minserve.config import CacheConfig, SchedulerConfig
+from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.manager import KVCacheManager
+from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.kvcache.swap import HostSwapSpace
+from minserve.model.loader import LoadedModel
+from minserve.model.runner import ModelRunner
+from minserve.model.sampler import Sampler
+from minserve.outputs import RequestOutput
+from minserve.request import Request, StopRules, validate_prompt
+from minserve.sampling_params import SamplingParams
+from minserve.scheduler.scheduler import Scheduler, SchedulerOutput
+from minserve.scheduler.sequence import Sequence
+
+
+@dataclass
+class EngineCounters:
+    """Totals since the engine started (`get_metrics()`)."""
+
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_batched_tokens: int = 0
+    num_requests_finished: int = 0
+    num_requests_aborted: int = 0
+    kv_usage_peak: float = 0.0
+
+
+@dataclass
+class _Tracked:
+    request: Request
+    seqs: list[Sequence] = field(default_factory=list)
+
+
+class LLMEngine:
+    """Continuous batching over a paged KV cache (vLLM's design, small)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        cache_config: CacheConfig,
+        scheduler_config: SchedulerConfig,
+        max_model_len: int | None = None,
+        sampler: Sampler | None = None,
+        attention_backend: str = "torch",
+        block_allocator_cls: type = BlockAllocator,
+    ) -> None:
+        self.loaded = loaded
+        self.scheduler_config = scheduler_config
+        param = next(loaded.model.parameters())
+        num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, param.dtype)
+        pool = PagedKVPool(
+            loaded.config, num_blocks, cache_config.block_size, param.dtype, param.device
+        )
+        swap = HostSwapSpace.from_config(cache_config) if cache_config.swap_space > 0 else None
+        self.kv = KVCacheManager(block_allocator_cls(num_blocks), pool, swap)
+        caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
+        if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
+            caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
+        self.max_model_len = _max_model_len(
+            max_model_len, loaded.config.max_position_embeddings, caps
+        )
+        self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
+        self.scheduler = Scheduler(scheduler_config, self.kv)
+        self.runner = ModelRunner(loaded.model, pool, get_attention_backend(attention_backend))
+        self.sampler = sampler or Sampler()
+        self.counters = EngineCounters()
+        self._tracked: dict[str, _Tracked] = {}
+        self._order = itertools.count()
+
+    # --- requests in and out ---
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> Request:
+        """Validate and queue a request; its n samples prefill once, then fork."""
+        if request_id in self._tracked:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        validate_prompt(prompt_token_ids, self.loaded.config.vocab_size, self.max_model_len)
+        request = Request.create(request_id, prompt, prompt_token_ids, params, self.loaded.tokenizer)
+        first, *siblings = request.samples
+        seq = Sequence(
+            request=request,
+            sample=first,
+            block_table=self.kv.new_table(),
+            priority=priority,
+            order=next(self._order),
+            unforked=siblings,
+        )
+        self._tracked[request_id] = _Tracked(request, [seq])
+        self.scheduler.add(seq)
+        self.counters.num_prompt_tokens += len(prompt_token_ids)
+        return request
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request wherever it is (waiting, mid-prefill, decoding, swapped); free its blocks."""
+        tracked = self._tracked.pop(request_id, None)
+        if tracked is None:
+            return
+        for seq in tracked.seqs:
+            self.scheduler.finish(seq)
+        for sample in tracked.request.samples:
+            sample.abort()
+        self.counters.num_requests_aborted += 1
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._tracked)
+
+    # --- the step ---
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; return the outputs of every request that got new tokens."""
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            self._check_progress()
+            return []
+        logits = self.runner.run(batch.scheduled)  # [num_sampling, vocab]
+        self._record_step(batch)
+        sampling = []
+        for s in batch.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            if s.seq.num_uncomputed_tokens == 0:
+                sampling.append(s.seq)
+        return self._sample_and_append(sampling, logits)
+
+    def _sample_and_append(self, sampling: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
+        targets, rows_of_logits = [], []
+        for i, seq in enumerate(sampling):
+            family = [seq, *self._fork(seq)] if seq.unforked else [seq]
+            targets += family
+            rows_of_logits += [i] * len(family)
+        rows = [t.sample.sampling_row(self.rules) for t in targets]
+        result = self.sampler(logits[rows_of_logits], rows)
+        progressed: dict[str, Request] = {}
+        for seq, token, logprobs in zip(targets, result.token_ids, result.logprobs):
+            seq.sample.append(token, logprobs, self.rules)
+            seq.request.record_token_time()
+            self.counters.num_generation_tokens += 1
+            if seq.sample.finished:
+                self.scheduler.finish(seq)
+            progressed[seq.request.request_id] = seq.request
+        for request_id, request in progressed.items():
+            if request.finished:
+                del self._tracked[request_id]
+                self.counters.num_requests_finished += 1
+        return [r.to_output() for r in progressed.values()]
+
+    def _fork(self, seq: Sequence) -> list[Sequence]:
+        siblings = self.scheduler.fork(seq)
+        self._tracked[seq.request.request_id].seqs.extend(siblings)
+        return siblings
+
+    def _record_step(self, batch: SchedulerOutput) -> None:
+        self.counters.num_steps += 1
+        self.counters.num_batched_tokens += batch.num_batched_tokens
+        self.counters.kv_usage_peak = max(self.counters.kv_usage_peak, self.kv.usage)
+
+    def _check_progress(self) -> None:
+        """An empty batch with work left would loop forever: say why instead."""
+        if self.scheduler.has_unfinished:
+            raise RuntimeError(
+                f"the scheduler made no progress with {len(self.scheduler.waiting)} waiting, "
+                f"{len(self.scheduler.running)} running and {len(self.scheduler.swapped)} "
+                f"swapped sequences and {self.kv.allocator.num_free} free blocks"
+            )
+
+    def get_metrics(self) -> dict[str, float]:
+        """Engine counters and gauges (vLLM's names where it has them)."""
+        stats = self.scheduler.stats
+        swap = self.kv.swap
+        return {
+            "num_steps": self.counters.num_steps,
+            "num_requests_running": len(self.scheduler.running),
+            "num_requests_waiting": len(self.scheduler.waiting),
+            "num_requests_swapped": len(self.scheduler.swapped),
+            "num_requests_finished": self.counters.num_requests_finished,
+            "num_requests_aborted": self.counters.num_requests_aborted,
+            "num_preemptions": stats.num_preemptions,
+            "num_swapped_out": stats.num_swapped_out,
+            "num_swapped_in": stats.num_swapped_in,
+            "swap_bytes_out": swap.bytes_out if swap else 0,
+            "swap_bytes_in": swap.bytes_in if swap else 0,
+            "prompt_tokens": self.counters.num_prompt_tokens,
+            "generation_tokens": self.counters.num_generation_tokens,
+            "batched_tokens": self.counters.num_batched_tokens,
+            "kv_cache_usage": self.kv.usage,
+            "kv_cache_usage_peak": self.counters.kv_usage_peak,
+            "num_blocks": self.kv.allocator.num_blocks,
+            "num_free_blocks": self.kv.allocator.num_free,
+            "block_size": self.kv.block_size,
+        }
+
+
+def _max_model_len(requested: int | None, model_limit: int, caps: dict[str, int]) -> int:
+    """The longest sequence allowed: the model's positions, capped so any one sequence can
+    always run alone (it fits the KV pool, and one step's budget without chunked prefill)."""
+    if requested is None:
+        return min(model_limit, *caps.values())
+    if not 0 < requested <= model_limit:
+        raise ValueError(
+            f"max_model_len must be in [1, {model_limit}] for this model, got {requested}"
+        )
+    for name, cap in caps.items():
+        if requested > cap:
+            raise ValueError(
+                f"max_model_len {requested} exceeds {name} ({cap}); lower max_model_len, "
+                "or raise num_blocks / kv_cache_memory_bytes / max_num_batched_tokens"
+            )
+    return requested

@@ -1,0 +1,116 @@
+"""The paged KV pool: one preallocated tensor holding every layer's keys and values.
+
+PagedAttention's memory: instead of one contiguous [max_len] cache per sequence, the pool
+is cut into fixed-size blocks and a sequence's tokens live wherever its block table says.
+Attention reads `k_cache(layer)` / `v_cache(layer)` through the block tables; this module
+only owns the memory, sizes it, and copies blocks (copy-on-write, swapping).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minserve.config import DEFAULT_KV_CACHE_BYTES, CacheConfig
+from minserve.model.config import ModelConfig
+
+
+class PagedKVPool:
+    """The paged KV pool: per layer K and V shaped [num_blocks, block_size, num_kv_heads, head_dim].
+
+    All layers live in one tensor [num_layers, 2 (K, V), num_blocks, block_size, Hkv, D],
+    so a block's whole KV (every layer) moves with one indexing operation.
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"num_blocks and block_size must be at least 1, got {num_blocks} and {block_size}"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.block_nbytes = self.bytes_per_block(model_config, block_size, dtype)
+        # zeros, not empty: unused slots must never hold NaNs a masked kernel could touch
+        self.kv = torch.zeros(
+            (model_config.num_layers, 2, num_blocks, block_size)
+            + (model_config.num_kv_heads, model_config.head_dim),
+            dtype=dtype,
+            device=self.device,
+        )  # [num_layers, 2, num_blocks, block_size, Hkv, D]
+
+    def k_cache(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s keys, [num_blocks, block_size, Hkv, D]; a view, writes go to the pool."""
+        return self.kv[layer, 0]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s values, [num_blocks, block_size, Hkv, D]; a view into the pool."""
+        return self.kv[layer, 1]
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy block src to block dst in every layer, K and V (copy-on-write after a fork)."""
+        if not copies:
+            return
+        src, dst = (self._index(blocks) for blocks in zip(*copies))
+        self.kv[:, :, dst] = self.kv[:, :, src]
+
+    def read_blocks(self, blocks: list[int]) -> torch.Tensor:
+        """These blocks' KV in every layer, as one host tensor (for swapping out).
+
+        Shape [num_layers, 2, len(blocks), block_size, Hkv, D], on the CPU.
+        """
+        return self.kv[:, :, self._index(blocks)].to("cpu")
+
+    def write_blocks(self, blocks: list[int], data: torch.Tensor) -> None:
+        """The inverse of `read_blocks`: put `data` into these blocks (for swapping in)."""
+        expected = self.kv.shape[:2] + (len(blocks),) + self.kv.shape[3:]
+        if data.shape != expected:
+            raise ValueError(
+                f"data for {len(blocks)} blocks must be shaped {tuple(expected)}, "
+                f"got {tuple(data.shape)}"
+            )
+        self.kv[:, :, self._index(blocks)] = data.to(self.device, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool occupies (every layer, K and V)."""
+        return self.kv.numel() * self.kv.element_size()
+
+    @staticmethod
+    def bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes of one block in every layer: layers x (K, V) x block_size x Hkv x D x itemsize."""
+        per_token = 2 * model_config.num_layers * model_config.kv_size * dtype.itemsize
+        return block_size * per_token
+
+    @classmethod
+    def num_blocks_for(
+        cls, cache_config: CacheConfig, model_config: ModelConfig, dtype: torch.dtype
+    ) -> int:
+        """`cache_config.num_blocks` if set, else as many blocks as the byte budget holds."""
+        if cache_config.num_blocks is not None:
+            return cache_config.num_blocks
+        budget = cache_config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
+        per_block = cls.bytes_per_block(model_config, cache_config.block_size, dtype)
+        if budget < per_block:
+            m = model_config
+            raise ValueError(
+                f"kv_cache_memory_bytes={budget} holds no block: one block of "
+                f"{cache_config.block_size} tokens needs {per_block} bytes ({m.num_layers} layers"
+                f" x K,V x {m.num_kv_heads} KV heads x head_dim {m.head_dim} x "
+                f"{dtype.itemsize} bytes per value); raise the budget or lower block_size"
+            )
+        return budget // per_block
+
+    def _index(self, blocks: list[int] | tuple[int, ...]) -> torch.Tensor:
+        """Block ids as an index tensor on the pool's device, checked against the pool."""
+        bad = [b for b in blocks if not 0 <= b < self.num_blocks]
+        if bad:
+            raise ValueError(f"block ids {bad} are outside the pool (0 .. {self.num_blocks - 1})")
+        return torch.tensor(blocks, dtype=torch.long, device=self.device)
