@@ -141,7 +141,7 @@ def test_append_to_a_shared_partly_filled_block_copies_it_first():
     allocator = BlockAllocator(4)
     parent = _table(allocator, 6)  # blocks [0, 1]; block 1 holds 2 of 4 tokens
     child = parent.fork(allocator)
-    assert parent.blocks_needed(1, allocator) == 1  # the copy
+    assert parent.blocks_needed(1) == 1  # the copy
     slots, copies = parent.append(allocator, 1)
     assert copies == [(1, 2)]
     assert parent.blocks == [0, 2] and slots == [2 * 4 + 2]
@@ -154,19 +154,25 @@ def test_append_after_a_shared_full_block_needs_no_copy():
     allocator = BlockAllocator(4)
     parent = _table(allocator, 8)
     parent.fork(allocator)
-    assert parent.blocks_needed(1, allocator) == 1
+    assert parent.blocks_needed(1) == 1
     assert parent.append(allocator, 1) == ([2 * 4], [])
 
 
-def test_blocks_needed_without_the_allocator_is_an_upper_bound():
+def test_blocks_needed_sees_when_the_last_sharer_let_go():
     allocator = BlockAllocator(4)
     parent = _table(allocator, 6)
     child = parent.fork(allocator)
-    child.free(allocator)  # parent's tail is no longer shared; only the allocator knows
     assert parent.blocks_needed(1) == 1
-    assert parent.blocks_needed(1, allocator) == 0
-    assert parent.append(allocator, 1) == ([6], [])
+    child.free(allocator)  # the tail is parent's alone again: no copy needed
     assert parent.blocks_needed(1) == 0
+    assert parent.append(allocator, 1) == ([6], [])
+
+
+def test_a_table_uses_one_allocator():
+    table = _table(BlockAllocator(2), 3)
+    with pytest.raises(ValueError, match="blocks come from another allocator"):
+        table.append(BlockAllocator(2), 1)
+    assert (table.blocks, table.num_tokens) == ([0], 3)
 
 
 def test_append_is_atomic_when_blocks_run_short():
@@ -277,8 +283,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(data=st.data(), num_new=st.integers(0, 7))
     def append(self, data: st.DataObject, num_new: int) -> None:
         table, tokens = data.draw(st.sampled_from(self.tables))
-        needed = table.blocks_needed(num_new, self.allocator)
-        assert needed <= table.blocks_needed(num_new)  # without the allocator: an upper bound
+        needed = table.blocks_needed(num_new)
         tail = table.blocks[-1] if table.blocks else None
         cow = bool(num_new and table.num_tokens % self.block_size)
         cow = cow and self.allocator.refcount(tail) > 1

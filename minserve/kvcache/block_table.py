@@ -20,20 +20,18 @@ class BlockTable:
         self.block_size = block_size
         self.blocks: list[int] = []  # physical block of logical block i
         self.num_tokens = 0  # tokens whose slots are assigned
-        # Set by fork while the partly-filled last block is shared with a sibling; lets
-        # `blocks_needed` without an allocator stay an upper bound.
-        self._tail_maybe_shared = False
+        # The allocator the blocks come from, remembered by append and fork so that
+        # `blocks_needed` can ask whether the last block is shared.
+        self._allocator: BlockAllocator | None = None
 
     @property
     def _tail_partly_filled(self) -> bool:
         return self.num_tokens % self.block_size != 0
 
-    def blocks_needed(self, num_new_tokens: int, allocator: BlockAllocator | None = None) -> int:
-        """New blocks `append(allocator, num_new_tokens)` would allocate.
+    def blocks_needed(self, num_new_tokens: int) -> int:
+        """New blocks `append(allocator, num_new_tokens)` would allocate, exactly.
 
-        Counts one more for the copy-on-write of a shared, partly-filled last block. With
-        the allocator the count is exact; without it, a last block shared by `fork` is
-        assumed still shared (an upper bound, off by one once the sibling has let go).
+        Counts one more for the copy-on-write of a shared, partly-filled last block.
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
@@ -41,14 +39,22 @@ class BlockTable:
             return 0
         spare = len(self.blocks) * self.block_size - self.num_tokens  # free slots in the tail
         fresh = -(-max(0, num_new_tokens - spare) // self.block_size)  # ceil division
-        return fresh + int(self._needs_copy_on_write(allocator))
+        return fresh + int(self._needs_copy_on_write())
 
-    def _needs_copy_on_write(self, allocator: BlockAllocator | None) -> bool:
+    def _needs_copy_on_write(self) -> bool:
         if not self._tail_partly_filled:
             return False  # a full (or no) last block is never written again
-        if allocator is None:
-            return self._tail_maybe_shared
-        return allocator.refcount(self.blocks[-1]) > 1
+        assert self._allocator is not None  # set when the first block was allocated
+        return self._allocator.refcount(self.blocks[-1]) > 1
+
+    def _use(self, allocator: BlockAllocator) -> None:
+        """Remember `allocator`; a table's blocks must all come from one allocator."""
+        if self.blocks and allocator is not self._allocator:
+            raise ValueError(
+                "this block table's blocks come from another allocator; "
+                "use the same allocator for every call on one table"
+            )
+        self._allocator = allocator
 
     def append(
         self, allocator: BlockAllocator, num_new_tokens: int
@@ -59,7 +65,8 @@ class BlockTable:
         KV pool must copy before the step writes (copy-on-write of a shared last block).
         Atomic: raises `NoFreeBlocksError` and changes nothing if blocks run short.
         """
-        needed = self.blocks_needed(num_new_tokens, allocator)
+        self._use(allocator)
+        needed = self.blocks_needed(num_new_tokens)
         if not allocator.can_allocate(needed):
             raise NoFreeBlocksError(
                 f"appending {num_new_tokens} tokens needs {needed} new blocks, "
@@ -67,12 +74,11 @@ class BlockTable:
             )
         if num_new_tokens == 0:
             return [], []
-        copies = [self._copy_on_write(allocator)] if self._needs_copy_on_write(allocator) else []
+        copies = [self._copy_on_write(allocator)] if self._needs_copy_on_write() else []
         first = self.num_tokens
         while len(self.blocks) * self.block_size < first + num_new_tokens:
             self.blocks.append(allocator.allocate())
         self.num_tokens += num_new_tokens
-        self._tail_maybe_shared = False  # the tail is now private: copied, fresh or unshared
         return [self.slot(p) for p in range(first, self.num_tokens)], copies
 
     def _copy_on_write(self, allocator: BlockAllocator) -> tuple[int, int]:
@@ -84,24 +90,25 @@ class BlockTable:
 
     def fork(self, allocator: BlockAllocator) -> BlockTable:
         """A copy of this table sharing every block (parallel sampling, beam search)."""
+        self._use(allocator)
         child = BlockTable(self.block_size)
         child.blocks = list(self.blocks)
         child.num_tokens = self.num_tokens
+        child._allocator = allocator
         for block in self.blocks:
             allocator.share(block)
-        shared_tail = self._tail_partly_filled
-        self._tail_maybe_shared = child._tail_maybe_shared = shared_tail
         return child
 
     def free(self, allocator: BlockAllocator) -> None:
         """Release every block and empty the table."""
+        self._use(allocator)
         # Last block first: the free list reuses blocks in the order they were freed, so a
         # sequence's first blocks (a prompt others may share) stay untouched the longest.
         for block in reversed(self.blocks):
             allocator.free(block)
         self.blocks = []
         self.num_tokens = 0
-        self._tail_maybe_shared = False
+        self._allocator = None
 
     def slot(self, position: int) -> int:
         """The pool slot holding token `position`'s KV: block * block_size + offset."""

@@ -1,0 +1,195 @@
+"""The paged KV pool (sizing, views, copy-on-write copies, swapping blocks) and the host
+swap space, on a tiny two-layer model shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minserve.config import DEFAULT_KV_CACHE_BYTES, CacheConfig
+from minserve.kvcache import HostSwapSpace, PagedKVPool, SwapSpaceFullError
+from minserve.model.config import ModelConfig
+
+
+def _model(num_layers: int = 2, num_kv_heads: int = 2, head_dim: int = 8) -> ModelConfig:
+    return ModelConfig(
+        architecture="llama",
+        vocab_size=32,
+        hidden_size=num_kv_heads * 2 * head_dim,
+        intermediate_size=64,
+        num_layers=num_layers,
+        num_heads=num_kv_heads * 2,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+
+
+MODEL = _model()
+BLOCK_BYTES = 2 * 2 * 4 * 2 * 8 * 4  # layers x (K, V) x block_size 4 x Hkv x D x fp32 = 1024
+
+
+def _pool(num_blocks: int = 6) -> PagedKVPool:
+    """A pool whose every value is distinct, so any misplaced copy shows."""
+    pool = PagedKVPool(MODEL, num_blocks, 4, torch.float32, torch.device("cpu"))
+    pool.kv.copy_(torch.arange(pool.kv.numel(), dtype=torch.float32).view_as(pool.kv))
+    return pool
+
+
+# --- sizing ---------------------------------------------------------------------------
+
+
+def test_bytes_per_block_counts_every_layer_k_and_v():
+    assert PagedKVPool.bytes_per_block(MODEL, 4, torch.float32) == BLOCK_BYTES
+    assert PagedKVPool.bytes_per_block(MODEL, 4, torch.bfloat16) == BLOCK_BYTES // 2
+
+
+def test_bytes_per_block_of_smollm2():
+    smollm2 = _model(num_layers=30, num_kv_heads=3, head_dim=64)
+    # 30 layers x 2 x 16 tokens x 3 heads x 64 x 2 bytes: 360 KiB per block of 16 tokens
+    assert PagedKVPool.bytes_per_block(smollm2, 16, torch.bfloat16) == 368_640
+
+
+def test_num_blocks_given_as_a_count_is_used_as_is():
+    assert PagedKVPool.num_blocks_for(CacheConfig(num_blocks=7), MODEL, torch.float32) == 7
+
+
+def test_num_blocks_from_a_byte_budget_rounds_down():
+    config = CacheConfig(block_size=4, kv_cache_memory_bytes=10_000)
+    assert PagedKVPool.num_blocks_for(config, MODEL, torch.float32) == 9  # 10_000 // 1024
+
+
+def test_num_blocks_without_count_or_budget_uses_the_default_budget():
+    config = CacheConfig(block_size=4)
+    expected = DEFAULT_KV_CACHE_BYTES // BLOCK_BYTES
+    assert PagedKVPool.num_blocks_for(config, MODEL, torch.float32) == expected == 1 << 20
+
+
+def test_a_budget_below_one_block_is_an_error_with_the_numbers():
+    config = CacheConfig(block_size=4, kv_cache_memory_bytes=1000)
+    message = "kv_cache_memory_bytes=1000 holds no block: one block of 4 tokens needs 1024 bytes"
+    with pytest.raises(ValueError, match=message):
+        PagedKVPool.num_blocks_for(config, MODEL, torch.float32)
+
+
+def test_pool_size_is_blocks_times_bytes_per_block():
+    pool = PagedKVPool(MODEL, 5, 4, torch.float32, "cpu")
+    assert pool.nbytes == 5 * BLOCK_BYTES == 5 * pool.block_nbytes
+    assert (pool.num_blocks, pool.block_size) == (5, 4)
+    assert not pool.kv.any()
+
+
+# --- layer views --------------------------------------------------------------------------
+
+
+def test_layer_caches_are_views_into_the_pool():
+    pool = PagedKVPool(MODEL, 3, 4, torch.float32, "cpu")
+    assert pool.k_cache(1).shape == pool.v_cache(1).shape == (3, 4, 2, 8)
+    pool.k_cache(1)[2, 3] = 1.0
+    pool.v_cache(0)[0, 0] = 2.0
+    assert pool.kv.sum() == 16 * 1.0 + 16 * 2.0  # one slot holds Hkv x D = 16 values
+    assert (pool.kv[1, 0, 2, 3] == 1).all() and (pool.kv[0, 1, 0, 0] == 2).all()
+
+
+# --- copying blocks -----------------------------------------------------------------------
+
+
+def test_copy_blocks_copies_every_layer_k_and_v_and_nothing_else():
+    pool = _pool()
+    expected = pool.kv.clone()
+    expected[:, :, 4] = pool.kv[:, :, 1]
+    expected[:, :, 5] = pool.kv[:, :, 2]
+    pool.copy_blocks([(1, 4), (2, 5)])
+    assert torch.equal(pool.kv, expected)
+    for layer in range(MODEL.num_layers):
+        assert torch.equal(pool.k_cache(layer)[4], pool.k_cache(layer)[1])
+        assert torch.equal(pool.v_cache(layer)[5], pool.v_cache(layer)[2])
+
+
+def test_copy_blocks_of_nothing_changes_nothing():
+    pool = _pool()
+    before = pool.kv.clone()
+    pool.copy_blocks([])
+    assert torch.equal(pool.kv, before)
+
+
+def test_block_ids_outside_the_pool_are_rejected():
+    with pytest.raises(ValueError, match=r"block ids \[6\] are outside the pool \(0 .. 5\)"):
+        _pool().copy_blocks([(0, 6)])
+
+
+def test_read_then_write_blocks_moves_them_through_host_memory():
+    pool = _pool()
+    expected = pool.kv.clone()
+    expected[:, :, [0, 5]] = pool.kv[:, :, [3, 1]]
+    data = pool.read_blocks([3, 1])
+    assert data.device.type == "cpu" and data.shape == (2, 2, 2, 4, 2, 8)
+    pool.write_blocks([0, 5], data)
+    assert torch.equal(pool.kv, expected)
+
+
+def test_write_blocks_checks_the_shape():
+    pool = _pool()
+    with pytest.raises(ValueError, match=r"data for 3 blocks must be shaped \(2, 2, 3, 4, 2, 8\)"):
+        pool.write_blocks([0, 1, 2], pool.read_blocks([0, 1]))
+
+
+# --- the host swap space --------------------------------------------------------------------
+
+
+def test_swap_out_then_in_restores_the_blocks_elsewhere():
+    pool, swap = _pool(), HostSwapSpace(3 * BLOCK_BYTES)
+    original = pool.kv[:, :, [1, 2]].clone()
+    swap.swap_out("seq-a", pool, [1, 2])
+    assert "seq-a" in swap and swap.num_blocks("seq-a") == 2
+    assert (swap.used_bytes, swap.bytes_out, swap.bytes_in) == (2 * BLOCK_BYTES, 2 * BLOCK_BYTES, 0)
+    pool.kv.zero_()  # the blocks are reused by other sequences meanwhile
+    swap.swap_in("seq-a", pool, [4, 0])
+    assert torch.equal(pool.kv[:, :, [4, 0]], original)
+    assert "seq-a" not in swap
+    assert (swap.used_bytes, swap.bytes_out, swap.bytes_in) == (0, 2 * BLOCK_BYTES, 2 * BLOCK_BYTES)
+
+
+def test_can_swap_out_compares_with_the_remaining_capacity():
+    swap = HostSwapSpace(3 * BLOCK_BYTES)
+    swap.swap_out("seq-a", _pool(), [0])
+    assert swap.can_swap_out(2, BLOCK_BYTES) and not swap.can_swap_out(3, BLOCK_BYTES)
+
+
+def test_swapping_out_more_than_the_capacity_raises_and_stores_nothing():
+    swap = HostSwapSpace(3 * BLOCK_BYTES)
+    with pytest.raises(SwapSpaceFullError, match="4 blocks needs 4096 bytes, but only 3072 of"):
+        swap.swap_out("seq-a", _pool(), [0, 1, 2, 3])
+    assert "seq-a" not in swap and (swap.used_bytes, swap.bytes_out) == (0, 0)
+
+
+def test_swap_in_into_the_wrong_number_of_blocks_raises_and_keeps_the_copy():
+    pool, swap = _pool(), HostSwapSpace(3 * BLOCK_BYTES)
+    swap.swap_out("seq-a", pool, [1, 2])
+    with pytest.raises(ValueError, match="swapped out with 2 blocks, but 1 blocks were given"):
+        swap.swap_in("seq-a", pool, [4])
+    assert swap.num_blocks("seq-a") == 2 and swap.bytes_in == 0
+
+
+def test_discard_frees_the_space_without_copying_back():
+    pool, swap = _pool(), HostSwapSpace(2 * BLOCK_BYTES)
+    swap.swap_out("seq-a", pool, [1, 2])
+    swap.discard("seq-a")
+    assert (swap.used_bytes, swap.bytes_in) == (0, 0) and "seq-a" not in swap
+    swap.swap_out("seq-b", pool, [3, 4])  # the space is usable again
+
+
+def test_unknown_or_repeated_sequences_are_errors():
+    pool, swap = _pool(), HostSwapSpace(3 * BLOCK_BYTES)
+    with pytest.raises(KeyError, match="sequence 'seq-x' is not swapped out"):
+        swap.swap_in("seq-x", pool, [0])
+    swap.swap_out("seq-a", pool, [1])
+    with pytest.raises(ValueError, match="sequence 'seq-a' is already swapped out"):
+        swap.swap_out("seq-a", pool, [2])
+
+
+def test_swap_space_from_config_is_given_in_gib():
+    assert HostSwapSpace.from_config(CacheConfig(swap_space=0.5)).capacity_bytes == 1 << 29
