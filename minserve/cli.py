@@ -1,9 +1,11 @@
-"""The `minserve` command: `generate` now; `check` for the course; `serve` and `bench` to come."""
+"""The `minserve` command: `generate`, `check` for the course, `bench`; `serve` to come."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from pathlib import Path
 
 from minserve.course import check
 
@@ -13,7 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate_parser(commands)
     check.add_check_parser(commands)
+    _add_bench_parser(commands)
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["minserve", *(sys.argv[1:] if argv is None else argv)])
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: say what, no traceback
@@ -60,6 +64,63 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.write(args.prompt)
     sys.stdout.write(output.outputs[0].text + "\n")
     return 0
+
+
+def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="benchmarks (results go to benchmarks/)")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    p = kinds.add_parser(
+        "offline", help="offline throughput vs the reference path, HF generate and vLLM CPU"
+    )
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--min-len", type=int, default=32, help="shortest prompt and output")
+    p.add_argument("--max-len", type=int, default=256, help="longest prompt and output")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32,bfloat16", help="comma-separated dtypes")
+    p.add_argument("--peers", default="minserve,reference,hf16,hf64,vllm")
+    p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
+    p.add_argument("--output", type=Path, default=Path("benchmarks/offline_throughput"))
+    p.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
+    p.add_argument(
+        "--max-load", type=float, default=None,
+        help="before each peer, wait (up to --max-wait s) for the 1-min load average to drop below",
+    )  # fmt: skip
+    p.add_argument("--max-wait", type=float, default=600.0)
+    p.set_defaults(run=_bench_offline)
+
+
+def _bench_offline(args: argparse.Namespace) -> int:
+    from minserve.bench.offline_report import markdown, write_report
+    from minserve.bench.offline_suite import DTYPES, PEERS, SuiteSettings, run_suite
+
+    peers = _choices(args.peers, PEERS, "peer")
+    dtypes = _choices(args.dtype, DTYPES, "dtype")
+    settings = SuiteSettings(
+        num_requests=args.num_requests,
+        min_len=args.min_len,
+        max_len=args.max_len,
+        seed=args.seed,
+        peers=peers,
+        dtypes=dtypes,
+        model=args.model,
+        vllm_python=args.vllm_python,
+        max_load=args.max_load,
+        max_wait_s=args.max_wait,
+    )
+    report = run_suite(settings, args.command_line)
+    written = write_report(report, args.output)
+    print(markdown(report))
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+def _choices(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """Split a comma-separated option and check each item against `allowed`."""
+    items = tuple(item.strip() for item in text.split(",") if item.strip())
+    unknown = [item for item in items if item not in allowed]
+    if unknown or not items:
+        raise ValueError(f"unknown {what} {', '.join(unknown)!r}; choose from {', '.join(allowed)}")
+    return items
 
 
 if __name__ == "__main__":

@@ -101,7 +101,9 @@ class LLMEngine:
         if request_id in self._tracked:
             raise ValueError(f"request id {request_id!r} is already in use")
         validate_prompt(prompt_token_ids, self.loaded.config.vocab_size, self.max_model_len)
-        request = Request.create(request_id, prompt, prompt_token_ids, params, self.loaded.tokenizer)
+        request = Request.create(
+            request_id, prompt, prompt_token_ids, params, self.loaded.tokenizer
+        )
         first, *siblings = request.samples
         seq = Sequence(
             request=request,
@@ -117,7 +119,10 @@ class LLMEngine:
         return request
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request wherever it is (waiting, mid-prefill, decoding, swapped); free its blocks."""
+        """Stop a request wherever it is (waiting, mid-prefill, decoding, swapped out).
+
+        Its blocks go back to the pool (or its host copy is dropped) at once.
+        """
         tracked = self._tracked.pop(request_id, None)
         if tracked is None:
             return
@@ -147,7 +152,9 @@ class LLMEngine:
                 sampling.append(s.seq)
         return self._sample_and_append(sampling, logits)
 
-    def _sample_and_append(self, sampling: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
+    def _sample_and_append(
+        self, sampling: list[Sequence], logits: torch.Tensor
+    ) -> list[RequestOutput]:
         targets, rows_of_logits = [], []
         for i, seq in enumerate(sampling):
             family = [seq, *self._fork(seq)] if seq.unforked else [seq]

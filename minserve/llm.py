@@ -75,7 +75,9 @@ class LLM:
         else:
             self.max_model_len = _reference_max_len(max_model_len, self.loaded)
             rules = StopRules(self.loaded.eos_token_ids, self.max_model_len)
-            self.reference = ReferenceGenerator(self.loaded.model, self.sampler, rules, max_num_seqs)
+            self.reference = ReferenceGenerator(
+                self.loaded.model, self.sampler, rules, max_num_seqs
+            )
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:

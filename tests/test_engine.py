@@ -17,7 +17,9 @@ from minserve.engine import LLMEngine
 def random_workload(count: int, seed: int, vocab: int = 49152, max_prompt: int = 48):
     """Prompts (token ids) and greedy params with random prompt and output lengths."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, max_prompt))] for _ in range(count)]
+    prompts = [
+        [rng.randrange(3, vocab) for _ in range(rng.randint(1, max_prompt))] for _ in range(count)
+    ]
     params = [
         SamplingParams(temperature=0, max_tokens=rng.randint(1, 24), ignore_eos=True)
         for _ in range(count)
@@ -89,7 +91,9 @@ def test_swapping_preemption_equals_reference(tiny_model, workload, expected) ->
     prompts, params = workload
     assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == expected
     metrics = llm.get_metrics()
-    assert metrics["num_swapped_out"] > 0 and metrics["num_swapped_in"] == metrics["num_swapped_out"]
+    assert (
+        metrics["num_swapped_out"] > 0 and metrics["num_swapped_in"] == metrics["num_swapped_out"]
+    )
     assert metrics["swap_bytes_in"] == metrics["swap_bytes_out"] > 0
     assert_all_blocks_free(llm.engine)
 
@@ -133,7 +137,9 @@ def test_prompt_that_cannot_fit_the_pool_is_rejected_with_numbers(tiny_model) ->
 
 
 def test_max_model_len_larger_than_the_pool_is_rejected(tiny_model) -> None:
-    with pytest.raises(ValueError, match=r"max_model_len 64 exceeds the KV pool's size in tokens \(32\)"):
+    with pytest.raises(
+        ValueError, match=r"max_model_len 64 exceeds the KV pool's size in tokens \(32\)"
+    ):
         LLM(tiny_model("llama"), block_size=4, num_blocks=8, max_model_len=64)
 
 
@@ -174,7 +180,9 @@ def test_priority_policy_serves_interactive_requests_first(tiny_model) -> None:
     llm = LLM(tiny_model("llama"), scheduling_policy="priority", max_num_seqs=1)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
-    outputs = llm.generate(prompts, params, priority=["batch", "standard", "interactive"], use_tqdm=False)
+    outputs = llm.generate(
+        prompts, params, priority=["batch", "standard", "interactive"], use_tqdm=False
+    )
     finish = [o.metrics.finished_time for o in outputs]
     assert finish[2] < finish[1] < finish[0]
 
@@ -201,7 +209,21 @@ def test_metrics_count_steps_tokens_and_timestamps(tiny_model) -> None:
 
 
 def test_unknown_options_fail_with_a_clear_message(tiny_model) -> None:
-    with pytest.raises(ValueError, match="unknown scheduling_policy 'lifo'; choose one of fcfs, priority"):
+    with pytest.raises(
+        ValueError, match="unknown scheduling_policy 'lifo'; choose one of fcfs, priority"
+    ):
         LLM(tiny_model("llama"), scheduling_policy="lifo")
     with pytest.raises(ValueError, match="unknown SLO class 'urgent'"):
         LLM(tiny_model("llama")).generate(["hi"], priority=["urgent"], use_tqdm=False)
+
+
+def test_a_students_block_allocator_plugs_into_the_engine(tiny_model, workload, expected) -> None:
+    import solutions.ch01_block_allocator as student
+
+    llm = LLM(
+        tiny_model("llama"), block_size=4, num_blocks=20, block_allocator_cls=student.BlockAllocator
+    )
+    assert isinstance(llm.engine.kv.allocator, student.BlockAllocator)
+    prompts, params = workload
+    assert token_ids(llm.generate(prompts[:20], params[:20], use_tqdm=False)) == expected[:20]
+    assert_all_blocks_free(llm.engine)

@@ -24,7 +24,9 @@ class ModelInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     metadata: AttentionMetadata
-    sample_indices: torch.Tensor  # [num_sampling]: flat index of each sampling sequence's last token
+    sample_indices: (
+        torch.Tensor
+    )  # [num_sampling]: flat index of each sampling sequence's last token
 
 
 class ModelRunner:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from minserve.config import SchedulerConfig
 from minserve.kvcache.manager import KVCacheManager
 from minserve.scheduler.policy import get_policy
-from minserve.scheduler.sequence import Sequence, SeqStatus
+from minserve.scheduler.sequence import SeqStatus, Sequence
 
 
 @dataclass(frozen=True)
