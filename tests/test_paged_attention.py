@@ -1,9 +1,9 @@
 """PagedAttention in plain torch matches the contiguous oracle, `contiguous.attend`.
 
 Each step scatters every sequence's cached prefix into shuffled blocks of a pool whose other
-slots hold NaN (stale memory: reading one would poison the output), runs the step through
-`TorchPagedAttention`, and compares each sequence's rows with `attend` over its own
-contiguous K/V. The last test runs a tiny random Llama both ways.
+slots hold a large garbage value (stale memory: attending to one would wreck the output),
+runs the step through `TorchPagedAttention`, and compares each sequence's rows with
+`attend` over its own contiguous K/V. The last test runs a tiny random Llama both ways.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ FP32_TOL = {"atol": 1e-5, "rtol": 1e-5}
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
 
 
+GARBAGE = 1e4  # finite (the engine's pool starts zeroed), far from any real k or v
+
+
 class TensorPool:
     """The `PagedKVCache` protocol over plain tensors [layers, num_blocks, block_size, Hkv, D]."""
 
@@ -41,11 +44,9 @@ class TensorPool:
         self.k, self.v = k, v
 
     @classmethod
-    def of_nan(cls, layers: int, num_blocks: int, block_size: int, heads: int, dim: int, dtype):
+    def of_garbage(cls, layers: int, num_blocks: int, block_size: int, heads: int, dim: int, dtype):
         shape = (layers, num_blocks, block_size, heads, dim)
-        return cls(
-            torch.full(shape, math.nan, dtype=dtype), torch.full(shape, math.nan, dtype=dtype)
-        )
+        return cls(torch.full(shape, GARBAGE, dtype=dtype), torch.full(shape, GARBAGE, dtype=dtype))
 
     def k_cache(self, layer: int) -> torch.Tensor:
         return self.k[layer]
@@ -111,7 +112,7 @@ def make_step(
     needed = [math.ceil((s.cached + s.new) / block_size) for s in seqs]
     free = torch.randperm(sum(needed) + 3, generator=gen).tolist()  # 3 blocks stay unused
     tables = [[free.pop() for _ in range(n)] for n in needed]
-    pool = TensorPool.of_nan(layers, sum(needed) + 3, block_size, num_kv_heads, head_dim, dtype)
+    pool = TensorPool.of_garbage(layers, sum(needed) + 3, block_size, num_kv_heads, head_dim, dtype)
     full_k = [randn(s.cached + s.new, num_kv_heads, head_dim) for s in seqs]
     full_v = [randn(s.cached + s.new, num_kv_heads, head_dim) for s in seqs]
     slot_mapping: list[int] = []
@@ -208,7 +209,7 @@ def test_backend_stores_the_step_before_attending() -> None:
     b, o = divmod(slot(table0, 5, 2), 2)
     assert torch.equal(step.pool.k[1, b, o], step.full_k[0][5])
     assert torch.equal(step.pool.v[1, b, o], step.full_v[0][5])
-    assert step.pool.k[0, b, o].isnan().all()  # layer 0 was not asked for
+    assert (step.pool.k[0, b, o] == GARBAGE).all()  # layer 0 was not asked for
 
 
 # --- attention against the oracle --------------------------------------------------------------
@@ -271,9 +272,9 @@ def test_bf16_stays_close_to_fp32_oracle(block_size: int) -> None:
 
 
 def test_stale_slots_past_each_context_are_never_read() -> None:
-    # Every slot outside the sequences' contexts, table padding included, holds NaN.
+    # Every slot outside the sequences' contexts, table padding included, holds GARBAGE.
     step = make_step([Seq(0, 3), Seq(1, 1), Seq(30, 1), Seq(5, 1)], block_size=16)
-    assert step.pool.k.isnan().any()
+    assert (step.pool.k == GARBAGE).any()
     out = step.run()
     assert out.isfinite().all()
     torch.testing.assert_close(out, step.expected(), **FP32_TOL)
@@ -300,7 +301,7 @@ def test_rejects_a_step_of_another_size() -> None:
 
 
 def test_rejects_block_tables_too_short_for_the_context() -> None:
-    pool = TensorPool.of_nan(1, 4, 2, 1, 8, torch.float32)
+    pool = TensorPool.of_garbage(1, 4, 2, 1, 8, torch.float32)
     md = AttentionMetadata.build([1], [5], [[0, 1]], [4])
     with pytest.raises(ValueError, match="2 blocks of 2 tokens, too few for a context of 5"):
         TorchPagedAttention(pool, md)
@@ -364,7 +365,7 @@ def test_chunked_paged_run_of_tiny_llama_matches_contiguous_logits() -> None:
     model, block_size = tiny_llama(), 4
     cfg = model.config
     prompts = [torch.randint(0, 64, (20,)), torch.randint(0, 64, (15,))]
-    pool = TensorPool.of_nan(
+    pool = TensorPool.of_garbage(
         cfg.num_layers, 12, block_size, cfg.num_kv_heads, cfg.head_dim, torch.float32
     )
     free = torch.randperm(12).tolist()
