@@ -24,7 +24,7 @@ class AttentionGroup:
     """Sequences attended in one computation: all the decodes, or a single prefill chunk."""
 
     rows: torch.Tensor | slice  # their query tokens' rows in the flat batch
-    tables: torch.Tensor  # [B, num_blocks] int64: the blocks holding their longest context
+    block_index: torch.Tensor  # [B * num_blocks] int32: the blocks of their longest context
     positions: torch.Tensor  # [B, n] int64: each query token's position in its sequence
 
 
@@ -50,10 +50,10 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGro
         groups.append(
             AttentionGroup(
                 rows=torch.tensor([starts[i] for i in decodes], device=device),
-                tables=tables[
-                    torch.tensor(decodes, device=device),
-                    : blocks_for(max(contexts[i] for i in decodes)),
-                ],
+                block_index=block_index(
+                    tables[torch.tensor(decodes, device=device)],
+                    blocks_for(max(contexts[i] for i in decodes)),
+                ),
                 positions=torch.tensor([[contexts[i] - 1] for i in decodes], device=device),
             )
         )
@@ -63,11 +63,17 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGro
             groups.append(
                 AttentionGroup(
                     rows=slice(start, end),
-                    tables=tables[i : i + 1, : blocks_for(context)],
+                    block_index=block_index(tables[i : i + 1], blocks_for(context)),
                     positions=torch.arange(context - (end - start), context, device=device)[None],
                 )
             )
     return groups
+
+
+def block_index(tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """The first `num_blocks` of each table, flattened into a fresh contiguous int32 tensor
+    (index_select on a strided or int64 view of the tables is several times slower)."""
+    return tables[:, :num_blocks].flatten().to(torch.int32).clone()
 
 
 def flat_slots(cache: torch.Tensor) -> torch.Tensor:
@@ -139,10 +145,10 @@ def gather_context(cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
     starts zeroed and only the model writes to it. (A NaN there would still poison the
     output under a zero weight; the Triton kernels never load those slots at all.)
     """
-    num_blocks, block_size = cache.shape[:2]
-    batch, blocks = group.tables.shape
-    rows = cache.view(num_blocks, -1).index_select(0, group.tables.flatten())
-    return rows.view(batch, blocks * block_size, *cache.shape[2:]).float()  # [B, S, Hkv, D]
+    num_blocks = cache.shape[0]
+    batch = group.positions.shape[0]
+    rows = cache.view(num_blocks, -1).index_select(0, group.block_index)  # [B * blocks, ...]
+    return rows.view(batch, -1, *cache.shape[2:]).float()  # [B, S, Hkv, D]
 
 
 def causal_attention(
