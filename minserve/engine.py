@@ -63,6 +63,7 @@ class LLMEngine:
         sampler: Sampler | None = None,
         attention_backend: str = "torch",
         block_allocator_cls: type = BlockAllocator,
+        scheduler_cls: type = Scheduler,
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -80,12 +81,13 @@ class LLMEngine:
             max_model_len, loaded.config.max_position_embeddings, caps
         )
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
-        self.scheduler = Scheduler(scheduler_config, self.kv)
+        self.scheduler = scheduler_cls(scheduler_config, self.kv)
         self.runner = ModelRunner(loaded.model, pool, get_attention_backend(attention_backend))
         self.sampler = sampler or Sampler()
         self.counters = EngineCounters()
         self._tracked: dict[str, _Tracked] = {}
         self._order = itertools.count()
+        self.last_batch = SchedulerOutput()  # what the latest step ran (for step traces)
 
     # --- requests in and out ---
 
@@ -139,7 +141,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the outputs of every request that got new tokens."""
-        batch = self.scheduler.schedule()
+        batch = self.last_batch = self.scheduler.schedule()
         if batch.is_empty:
             self._check_progress()
             return []

@@ -21,6 +21,7 @@ from minserve.reference import ReferenceGenerator
 from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.policy import priority_value
+from minserve.scheduler.scheduler import Scheduler
 
 # A prompt is text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...}.
 Prompt = str | list[int] | dict[str, Any]
@@ -32,14 +33,15 @@ class LLM:
     """Load a model once, then generate for batches of prompts.
 
     model: a .gguf file or a Hugging Face checkpoint folder; None means the bundled
-    SmolLM2-135M-Instruct. dtype: "auto" (fp32 on CPU, bf16 on GPU), "float32",
-    "bfloat16" or "float16". The other options are vLLM's (see docs/engine.md);
-    engine="reference" runs the contiguous-KV reference path instead (the oracle).
+    SmolLM2-135M-Instruct; an already loaded model (`other_llm.loaded`) is shared, not
+    loaded again (leave dtype and device as "auto" then). dtype: "auto" (fp32 on CPU,
+    bf16 on GPU), "float32", "bfloat16" or "float16". The other options are vLLM's (see
+    docs/engine.md); engine="reference" runs the contiguous-KV reference path instead (the oracle).
     """
 
     def __init__(
         self,
-        model: str | Path | None = None,
+        model: str | Path | LoadedModel | None = None,
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
         max_model_len: int | None = None,
@@ -54,6 +56,7 @@ class LLM:
         attention_backend: str = "torch",
         sampler: Sampler | None = None,
         block_allocator_cls: type = BlockAllocator,
+        scheduler_cls: type = Scheduler,
         engine: str = "paged",
     ) -> None:
         if engine not in ENGINES:
@@ -62,14 +65,14 @@ class LLM:
         scheduler = SchedulerConfig(
             max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy
         )
-        self.loaded: LoadedModel = load_model(model, dtype=dtype, device=device)
+        self.loaded: LoadedModel = _load(model, dtype, device)
         self.sampler = sampler or Sampler()
         self.engine: LLMEngine | None = None
         self.reference: ReferenceGenerator | None = None
         if engine == "paged":
             self.engine = LLMEngine(
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
-                attention_backend, block_allocator_cls,
+                attention_backend, block_allocator_cls, scheduler_cls,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:
@@ -161,6 +164,21 @@ class LLM:
         if isinstance(prompt, str):
             return prompt, self.loaded.tokenizer.encode(prompt)
         return None, list(prompt)
+
+
+def _load(
+    model: str | Path | LoadedModel | None, dtype: str | torch.dtype, device: str
+) -> LoadedModel:
+    """Load `model`, or reuse it when it is loaded already (several engines, one set of weights)."""
+    if not isinstance(model, LoadedModel):
+        return load_model(model, dtype=dtype, device=device)
+    if dtype != "auto" or device != "auto":
+        param = next(model.model.parameters())
+        raise ValueError(
+            "dtype and device apply when loading, and this model is loaded already "
+            f"({param.dtype} on {param.device}); leave them as 'auto'"
+        )
+    return model
 
 
 def _reference_max_len(requested: int | None, loaded: LoadedModel) -> int:

@@ -37,14 +37,14 @@ def seconds(fn: Callable[[], Any]) -> float:
 
 
 def measure_memory_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second a sum over a large fp32 tensor reads: the memory slope of the roofline.
+    """Bytes per second a sum over a large fp32 CPU tensor reads: the roofline's memory slope.
 
     The tensor is far bigger than any CPU cache, so every byte comes from DRAM. The best of
     `repeats` is kept (noise only ever slows a run down). The rate is for torch's current
     thread count, the same threads a decode step gets.
     """
     data = torch.ones(num_bytes // 4, dtype=torch.float32)  # [num_bytes / 4]
-    data.sum()  # first touch: fault the pages in before timing
+    data.sum()  # warm up: wake the thread pool before timing
     best = min(seconds(data.sum) for _ in range(repeats))
     return data.numel() * data.element_size() / best
 

@@ -104,11 +104,32 @@ def hf_model_folder(folder: Path = Path(".cache/smollm2-hf"), model: str | None 
 # ---------------------------------------------------------------- one peer, one process
 
 
+def busy_cores(interval_s: float = 2.0) -> float:
+    """Cores kept busy over the last `interval_s` seconds, from /proc/stat (0 if unreadable).
+
+    The load average trails by a minute; this sees a job that started a second ago.
+    """
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(interval_s)
+        total1, idle1 = sample()
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    busy = 1 - (idle1 - idle0) / max(total1 - total0, 1)
+    return busy * (os.cpu_count() or 1)
+
+
 def wait_for_quiet(max_load: float | None, max_wait_s: float) -> float:
-    """Sleep until the 1-minute load average drops below `max_load` (or time runs out)."""
+    """Sleep until the 1-minute load average is below `max_load` and the cores are idle now
+    (or until `max_wait_s` runs out); the load average at the end."""
     deadline = time.monotonic() + max_wait_s
-    while max_load is not None and os.getloadavg()[0] >= max_load:
-        if time.monotonic() > deadline:
+    while max_load is not None and time.monotonic() < deadline:
+        if os.getloadavg()[0] < max_load and busy_cores() < 0.5:
             break
         time.sleep(5)
     return round(os.getloadavg()[0], 2)

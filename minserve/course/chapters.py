@@ -78,6 +78,31 @@ CHAPTERS: tuple[Chapter, ...] = (
         ),
         checks="minserve.course.checks_ch01",
     ),
+    Chapter(
+        number="03",
+        slug="continuous_batching",
+        title="Continuous batching",
+        module="ch03_scheduler",
+        sources=("scheduler/scheduler.py",),
+        header=(
+            '"""Chapter 03, Continuous batching: the scheduler that builds every step\'s batch.\n\n'
+            "Each step, running sequences go first (decodes, then prefill chunks), preempting\n"
+            "when the KV cache runs out of blocks; then waiting ones are admitted in policy\n"
+            "order while the token budget, the seats and the blocks last. Plug your class\n"
+            "into the engine with `LLM(scheduler_cls=Scheduler)`.\n"
+            '"""\n\n'
+            "from minserve.config import SchedulerConfig\n"
+            "from minserve.kvcache.manager import KVCacheManager\n"
+            "from minserve.scheduler.policy import get_policy\n"
+            "from minserve.scheduler.scheduler import (\n"
+            "    ScheduledSeq,\n"
+            "    SchedulerOutput,\n"
+            "    SchedulerStats,\n"
+            ")\n"
+            "from minserve.scheduler.sequence import SeqStatus, Sequence\n"
+        ),
+        checks="minserve.course.checks_ch03",
+    ),
 )
 
 

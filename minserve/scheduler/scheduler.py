@@ -7,6 +7,10 @@ Every step, under a token budget (`max_num_batched_tokens`) and a sequence cap
    preempted (recomputed later, or swapped to host memory when swap space is set);
 2. then swapped-out sequences come back, then waiting ones are admitted, each with as
    much of its prompt as the remaining budget allows (a chunk, with chunked prefill).
+
+The class is chapter 03's exercise (the marked region below): students write
+`_schedule_running` and `_admit_waiting`, and their class plugs into the engine with
+`LLM(scheduler_cls=...)`.
 """
 
 from __future__ import annotations
@@ -57,8 +61,15 @@ class SchedulerStats:
     num_swapped_in: int = 0
 
 
+# >>> exercise 3.1: schedule(): running sequences first, then waiting ones
 class Scheduler:
-    """Decides, each step, which sequences run and how many tokens each computes."""
+    """Decides, each step, which sequences run and how many tokens each computes.
+
+    Iteration-level scheduling (Orca, vLLM): the batch is rebuilt every step, so a
+    finished sequence's seat goes to a waiting one at once, instead of idling until the
+    whole batch is done (static batching). Plug your class into the engine with
+    `LLM(scheduler_cls=Scheduler)`.
+    """
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         self.config = config
@@ -78,6 +89,7 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> SchedulerOutput:
+        """This step's batch: swapped sequences back in, running ones, then waiting ones."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         self._swap_in()
@@ -86,11 +98,17 @@ class Scheduler:
             self._admit_waiting(out, budget)
         return out
 
-    # >>> exercise 3.1: schedule the running sequences
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Give each running sequence its tokens, decodes first, preempting when blocks run out.
 
-        Returns the token budget left for waiting sequences.
+        Visit `self.running` decodes first (`seq.is_decode`), then in policy order
+        (`self.policy(seq)` is a sort key: lower is served first). Each sequence asks
+        `self._chunk(seq, budget)` for its tokens (0: skip it this step). If
+        `self.kv.can_append(seq.block_table, n)` says no, preempt the one the policy
+        serves last among those not yet visited this step, `self._preempt(victim, out)`,
+        and try again; when none is left, preempt `seq` itself and move on. Otherwise
+        `self.kv.append(seq.block_table, n)`, add `ScheduledSeq(seq, n)` to
+        `out.scheduled` and spend `n` of the budget. Returns the budget left.
         """
         # >>> solution
         queue = sorted(self.running, key=lambda s: (not s.is_decode, self.policy(s)))
@@ -113,10 +131,17 @@ class Scheduler:
         return budget
         # <<< solution
 
-    # <<< exercise
-
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        """Admit waiting sequences in policy order while budget, seats and blocks last."""
+        """Admit waiting sequences in policy order while budget, seats and blocks last.
+
+        Sort `self.waiting` by `self.policy` and admit from the front; stop at the first
+        one that does not fit (so no later, smaller request jumps the queue): it fits when
+        its `seq.width` more sequences stay within `config.max_num_seqs` (count with
+        `self._num_seqs()`), `self._chunk` gives it tokens, and the KV cache has the
+        blocks. An admitted sequence gets its blocks, becomes RUNNING, joins
+        `self.running` and `out.scheduled`, and spends its tokens of the budget.
+        """
+        # >>> solution
         self.waiting.sort(key=self.policy)
         while self.waiting:
             seq = self.waiting[0]
@@ -131,6 +156,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+        # <<< solution
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens `seq` may compute now: all it needs, or a chunk of it (Sarathi-Serve)."""
@@ -200,3 +226,6 @@ class Scheduler:
         seq.unforked = []
         self.running.extend(siblings)
         return siblings
+
+
+# <<< exercise
