@@ -83,9 +83,9 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
     p.add_argument(
         "--max-load", type=float, default=None,
-        help="before each peer, wait (up to --max-wait s) for the 1-min load average to drop below",
+        help="before each peer, wait for a 1-min load average below this and idle cores",
     )  # fmt: skip
-    p.add_argument("--max-wait", type=float, default=600.0)
+    p.add_argument("--max-wait", type=float, default=600.0, help="seconds, per peer")
     p.set_defaults(run=_bench_offline)
 
 
@@ -107,7 +107,7 @@ def _bench_offline(args: argparse.Namespace) -> int:
         max_load=args.max_load,
         max_wait_s=args.max_wait,
     )
-    report = run_suite(settings, args.command_line)
+    report = run_suite(settings, args.command_line, lambda r: write_report(r, args.output))
     written = write_report(report, args.output)
     print(markdown(report))
     print("wrote " + ", ".join(map(str, written)))

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ from tqdm.auto import tqdm
 
 from minserve.bench.offline import (
     TEMPERATURE,
+    OfflineRequest,
     PeerResult,
     offline_workload,
     requested_tokens,
@@ -216,26 +218,45 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def run_suite(settings: SuiteSettings, command: str) -> OfflineReport:
-    """Run every (peer, dtype) in turn on one saved workload; the report of all of them."""
+def run_suite(
+    settings: SuiteSettings,
+    command: str,
+    on_result: Callable[[OfflineReport], None] | None = None,
+) -> OfflineReport:
+    """Run every (peer, dtype) in turn on one saved workload; the report of all of them.
+
+    `on_result` gets the report so far after each peer, so a long run leaves partial results.
+    """
     vocab = vocab_size(settings.model)
     workload = offline_workload(
         settings.num_requests, settings.min_len, settings.max_len, settings.seed, vocab
     )
     machine = {**machine_info(), "load_average_start": round(os.getloadavg()[0], 2)}
+    report = OfflineReport(command, _now(), machine, _run_settings(settings, workload), [])
     runs = [(p, d) for p in settings.peers for d in settings.dtypes]
-    results = []
     with tempfile.TemporaryDirectory(prefix="minserve-bench-") as tmp:
         workdir = Path(tmp)
         save_workload(workload, workdir / "workload.json")
         bar = tqdm(runs, desc="offline throughput", unit="run")
         for peer, dtype in bar:
             bar.set_postfix_str(f"{peer} {dtype}")
-            results.append(run_one(peer, dtype, workdir, workdir / "workload.json", settings))
-            bar.write(_progress_line(results[-1]))
-    machine["load_average_end"] = round(os.getloadavg()[0], 2)
+            result = run_one(peer, dtype, workdir, workdir / "workload.json", settings)
+            bar.write(_progress_line(result))
+            machine["load_average_end"] = round(os.getloadavg()[0], 2)
+            report = replace(report, date=_now(), results=[*report.results, result])
+            if on_result is not None:
+                on_result(report)
+    return report
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _run_settings(settings: SuiteSettings, workload: list[OfflineRequest]) -> dict[str, Any]:
+    """The settings as the report shows them, with the workload's total output."""
     details = {k: v for k, v in asdict(settings).items() if k not in ("peers", "dtypes")}
-    run_settings = {
+    return {
         **details,
         "vllm_python": str(settings.vllm_python),
         "hf_folder": str(settings.hf_folder),
@@ -243,8 +264,6 @@ def run_suite(settings: SuiteSettings, command: str) -> OfflineReport:
         "temperature": TEMPERATURE,
         "requested_tokens": requested_tokens(workload),
     }
-    date = datetime.now(UTC).isoformat(timespec="seconds")
-    return OfflineReport(command, date, machine, run_settings, results)
 
 
 def _progress_line(r: PeerResult) -> str:
