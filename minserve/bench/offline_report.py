@@ -64,7 +64,7 @@ def _ratio_cell(value: float | None) -> str:
 def table_row(report: OfflineReport, r: PeerResult) -> str:
     """One markdown table row: engine, dtype, throughput, tokens, time, ratios, notes."""
     if not r.ok:
-        return f"| {r.label} | {r.dtype} | {r.status} | | | | | | {r.note} |"
+        return f"| {r.label} | {r.dtype} | {r.status} | | | | | | | {r.note} |"
     ratios = report.ratios(r)
     cells = [
         r.label,
@@ -73,6 +73,7 @@ def table_row(report: OfflineReport, r: PeerResult) -> str:
         f"{r.output_tokens} / {r.generated_tokens}",
         f"{r.seconds:.1f}",
         *(_ratio_cell(ratios[b]) for b in BASELINES),
+        str(r.details.get("load_average_start", "-")),
         r.note,
     ]
     return "| " + " | ".join(cells) + " |"
@@ -114,8 +115,8 @@ def markdown(report: OfflineReport) -> str:
         "",
         "| engine | dtype | output tok/s | useful / generated tokens | generate s | "
         + " | ".join(BASELINES.values())
-        + " | notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        + " | load at start | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
         *(table_row(report, r) for r in report.results),
         "",
         *headline(report),
