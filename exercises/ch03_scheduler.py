@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: 73117ff568b4 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 47858d805b55 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
@@ -35,7 +35,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         self.config = config
         self.kv = kv
-        self.policy = get_policy(config.scheduling_policy)
+        self.policy = get_policy(config.scheduling_policy, kv)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -57,6 +57,7 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if not out.preempted:  # admitting new work while evicting old would thrash
             self._admit_waiting(out, budget)
+        self._release_cached_prefixes()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -86,11 +87,25 @@ class Scheduler:
         raise NotImplementedError("Exercise 3.1: schedule(): running sequences first, then waiting ones")
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
-        """Tokens `seq` may compute now: all it needs, or a chunk of it (Sarathi-Serve)."""
+        """Tokens `seq` may compute now: all it needs, or a chunk of it (Sarathi-Serve).
+
+        A waiting sequence first picks up the cached blocks of its longest cached prefix
+        (prefix caching): those tokens are computed already.
+        """
+        if seq.status is SeqStatus.WAITING and not seq.block_table.blocks:
+            seq.num_computed_tokens = self.kv.reuse_prefix(seq.block_table, seq.token_ids)
         needed = seq.num_uncomputed_tokens
         if needed <= budget:
             return needed
         return budget if self.config.enable_chunked_prefill else 0
+
+    def _release_cached_prefixes(self) -> None:
+        """Waiting sequences hold no blocks between steps: drop cached prefixes picked up by
+        `_chunk` for a sequence that was then not admitted (they stay in the cache)."""
+        for seq in self.waiting:
+            if seq.block_table.blocks:
+                self.kv.free(seq.block_table)
+                seq.num_computed_tokens = 0
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Take `seq` off the batch: swap its blocks to host memory, or free them to recompute."""

@@ -8,6 +8,9 @@ The offline API mirrors vLLM's:
     print(out[0].outputs[0].text)
 """
 
+# On a machine without CUDA, Triton kernels run in its interpreter; Triton reads that choice
+# (TRITON_INTERPRET=1) as it is imported, so the package makes it before anything else.
+from minserve.attention import triton_env  # noqa: F401
 from minserve.errors import ModelLoadError, PromptTooLongError
 from minserve.llm import LLM
 from minserve.outputs import CompletionOutput, RequestMetrics, RequestOutput

@@ -7,7 +7,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from minserve.bench import chunked_itl_report, prefix_report, sched_overhead, serve
 from minserve.course import check
+from minserve.server.cli import add_serve_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate_parser(commands)
     check.add_check_parser(commands)
+    add_serve_parser(commands)
     _add_bench_parser(commands)
     args = parser.parse_args(argv)
     args.command_line = shlex.join(["minserve", *(sys.argv[1:] if argv is None else argv)])
@@ -87,6 +90,10 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--max-wait", type=float, default=600.0, help="seconds, per peer")
     p.set_defaults(run=_bench_offline)
+    chunked_itl_report.add_parser(kinds)
+    sched_overhead.add_parser(kinds)
+    serve.add_parser(kinds)
+    prefix_report.add_parser(kinds)
 
 
 def _bench_offline(args: argparse.Namespace) -> int:

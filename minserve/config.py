@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULING_POLICIES = ("fcfs", "priority")
+SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither num_blocks nor a budget is given
 
 
@@ -20,6 +20,7 @@ class CacheConfig:
     num_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     swap_space: float = 0.0  # GiB of host memory for preempted sequences' blocks (0: recompute)
+    enable_prefix_caching: bool = False  # keep computed prompt blocks in a radix tree for reuse
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -12,7 +12,8 @@ streams each step's outputs.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -21,6 +22,7 @@ from minserve.config import CacheConfig, SchedulerConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
 from minserve.model.loader import LoadedModel
 from minserve.model.runner import ModelRunner
@@ -28,8 +30,9 @@ from minserve.model.sampler import Sampler
 from minserve.outputs import RequestOutput
 from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
-from minserve.scheduler.scheduler import Scheduler, SchedulerOutput
+from minserve.scheduler.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from minserve.scheduler.sequence import Sequence
+from minserve.step_timings import PhaseClock, StepTimings
 
 
 @dataclass
@@ -43,6 +46,8 @@ class EngineCounters:
     num_requests_finished: int = 0
     num_requests_aborted: int = 0
     kv_usage_peak: float = 0.0
+    num_prefix_cache_queries: int = 0  # prompt tokens of requests that started
+    num_prefix_cache_hits: int = 0  # ... of which came from the prefix cache
 
 
 @dataclass
@@ -61,19 +66,28 @@ class LLMEngine:
         scheduler_config: SchedulerConfig,
         max_model_len: int | None = None,
         sampler: Sampler | None = None,
-        attention_backend: str = "torch",
+        attention_backend: str = "auto",
         block_allocator_cls: type = BlockAllocator,
         scheduler_cls: type = Scheduler,
+        prefix_cache_cls: type = RadixCache,
+        pool_cls: type = PagedKVPool,  # tensor parallel: rank 0's pool mirrors its copies
+        runner_cls: Callable[..., ModelRunner] = ModelRunner,  # ... its runner broadcasts
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
         param = next(loaded.model.parameters())
         num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, param.dtype)
-        pool = PagedKVPool(
+        pool = pool_cls(
             loaded.config, num_blocks, cache_config.block_size, param.dtype, param.device
         )
         swap = HostSwapSpace.from_config(cache_config) if cache_config.swap_space > 0 else None
-        self.kv = KVCacheManager(block_allocator_cls(num_blocks), pool, swap)
+        allocator = block_allocator_cls(num_blocks)
+        prefix_cache = (
+            prefix_cache_cls(pool.block_size, allocator)
+            if cache_config.enable_prefix_caching
+            else None
+        )
+        self.kv = KVCacheManager(allocator, pool, swap, prefix_cache)
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
             caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
@@ -82,12 +96,15 @@ class LLMEngine:
         )
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
         self.scheduler = scheduler_cls(scheduler_config, self.kv)
-        self.runner = ModelRunner(loaded.model, pool, get_attention_backend(attention_backend))
+        backend = get_attention_backend(attention_backend, param.device)
+        self.runner = runner_cls(loaded.model, pool, backend)
         self.sampler = sampler or Sampler()
         self.counters = EngineCounters()
         self._tracked: dict[str, _Tracked] = {}
         self._order = itertools.count()
         self.last_batch = SchedulerOutput()  # what the latest step ran (for step traces)
+        self.last_timings = StepTimings()  # where the latest step's time went
+        self.timings = StepTimings()  # ... and every step's, summed
 
     # --- requests in and out ---
 
@@ -141,21 +158,31 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the outputs of every request that got new tokens."""
+        clock = PhaseClock()
         batch = self.last_batch = self.scheduler.schedule()
+        clock.lap("schedule")
         if batch.is_empty:
             self._check_progress()
             return []
-        logits = self.runner.run(batch.scheduled)  # [num_sampling, vocab]
+        inputs = self.runner.prepare(batch.scheduled)
+        clock.lap("prepare")
+        logits = self.runner.forward(inputs)  # [num_sampling, vocab]
+        clock.lap("forward")
         self._record_step(batch)
         sampling = []
         for s in batch.scheduled:
+            self._record_cache_hit(s)
             s.seq.num_computed_tokens += s.num_new_tokens
+            self._cache_filled_blocks(s.seq)
             if s.seq.num_uncomputed_tokens == 0:
                 sampling.append(s.seq)
-        return self._sample_and_append(sampling, logits)
+        outputs = self._sample_and_append(sampling, logits, clock)
+        self.last_timings = clock.timings
+        self.timings.add(clock.timings)
+        return outputs
 
     def _sample_and_append(
-        self, sampling: list[Sequence], logits: torch.Tensor
+        self, sampling: list[Sequence], logits: torch.Tensor, clock: PhaseClock
     ) -> list[RequestOutput]:
         targets, rows_of_logits = [], []
         for i, seq in enumerate(sampling):
@@ -163,7 +190,9 @@ class LLMEngine:
             targets += family
             rows_of_logits += [i] * len(family)
         rows = [t.sample.sampling_row(self.rules) for t in targets]
+        clock.lap("update")
         result = self.sampler(logits[rows_of_logits], rows)
+        clock.lap("sample")
         progressed: dict[str, Request] = {}
         for seq, token, logprobs in zip(targets, result.token_ids, result.logprobs):
             seq.sample.append(token, logprobs, self.rules)
@@ -176,7 +205,22 @@ class LLMEngine:
             if request.finished:
                 del self._tracked[request_id]
                 self.counters.num_requests_finished += 1
-        return [r.to_output() for r in progressed.values()]
+        outputs = [r.to_output() for r in progressed.values()]
+        clock.lap("update")
+        return outputs
+
+    def _record_cache_hit(self, s: ScheduledSeq) -> None:
+        """A request's first chunk starts after its cached prefix: that many tokens were hits."""
+        request = s.seq.request
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = s.start
+            self.counters.num_prefix_cache_queries += len(request.prompt_token_ids)
+            self.counters.num_prefix_cache_hits += s.start
+
+    def _cache_filled_blocks(self, seq: Sequence) -> None:
+        """Prefix caching: blocks this step filled go into the cache (chunk by chunk)."""
+        if self.kv.prefix_cache is not None:
+            self.kv.cache_computed(seq.block_table, seq.token_ids, seq.num_computed_tokens)
 
     def _fork(self, seq: Sequence) -> list[Sequence]:
         siblings = self.scheduler.fork(seq)
@@ -221,6 +265,22 @@ class LLMEngine:
             "num_blocks": self.kv.allocator.num_blocks,
             "num_free_blocks": self.kv.allocator.num_free,
             "block_size": self.kv.block_size,
+            **self._prefix_cache_metrics(),
+            **{f"step_seconds_{name}": value for name, value in asdict(self.timings).items()},
+        }
+
+    def _prefix_cache_metrics(self) -> dict[str, float]:
+        """vLLM's prefix_cache_queries / _hits (prompt tokens), the hit rate, and our upkeep."""
+        queries, hits = self.counters.num_prefix_cache_queries, self.counters.num_prefix_cache_hits
+        cache = self.kv.prefix_cache
+        stats = self.kv.prefix.stats if self.kv.prefix else None
+        return {
+            "prefix_cache_queries": queries,
+            "prefix_cache_hits": hits,
+            "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+            "prefix_cache_blocks": cache.num_cached_blocks if cache else 0,
+            "prefix_cache_evicted_blocks": stats.evicted_blocks if stats else 0,
+            "prefix_cache_upkeep_seconds": stats.upkeep_seconds if stats else 0.0,
         }
 
 

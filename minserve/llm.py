@@ -11,8 +11,10 @@ import torch
 from tqdm.auto import tqdm
 
 from minserve.config import CacheConfig, SchedulerConfig
+from minserve.distributed.launcher import TensorParallelDriver, start_tensor_parallel
 from minserve.engine import LLMEngine
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.radix_cache import RadixCache
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.sampler import Sampler
 from minserve.model.tokenizer import Tokenizer
@@ -49,30 +51,46 @@ class LLM:
         num_blocks: int | None = None,
         kv_cache_memory_bytes: int | None = None,
         swap_space: float = 0.0,
+        enable_prefix_caching: bool = False,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         enable_chunked_prefill: bool = True,
         scheduling_policy: str = "fcfs",
-        attention_backend: str = "torch",
+        attention_backend: str = "auto",
         sampler: Sampler | None = None,
         block_allocator_cls: type = BlockAllocator,
         scheduler_cls: type = Scheduler,
+        prefix_cache_cls: type = RadixCache,
         engine: str = "paged",
+        tensor_parallel_size: int = 1,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-        cache = CacheConfig(block_size, num_blocks, kv_cache_memory_bytes, swap_space)
+        cache = CacheConfig(
+            block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching
+        )
         scheduler = SchedulerConfig(
             max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy
         )
-        self.loaded: LoadedModel = _load(model, dtype, device)
+        self.tensor_parallel: TensorParallelDriver | None = None
+        tp_parts: dict[str, Any] = {}  # rank 0's pool and runner (docs/distributed.md)
+        if tensor_parallel_size != 1:
+            self.tensor_parallel = start_tensor_parallel(
+                model, tensor_parallel_size, engine, cache,
+                dtype=dtype, device=device, attention_backend=attention_backend,
+            )  # fmt: skip
+            tp_parts = self.tensor_parallel.engine_parts(cache)
+            self.loaded: LoadedModel = self.tensor_parallel.loaded
+        else:
+            self.loaded = _load(model, dtype, device)
         self.sampler = sampler or Sampler()
         self.engine: LLMEngine | None = None
         self.reference: ReferenceGenerator | None = None
         if engine == "paged":
             self.engine = LLMEngine(
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
-                attention_backend, block_allocator_cls, scheduler_cls,
+                attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
+                **tp_parts,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:
@@ -82,6 +100,11 @@ class LLM:
                 self.loaded.model, self.sampler, rules, max_num_seqs
             )
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (the LLM cannot generate afterwards)."""
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.shutdown()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.loaded.tokenizer

@@ -126,6 +126,7 @@ class Request:
     params: SamplingParams
     samples: list[Sample]
     metrics: RequestMetrics
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (set on start)
 
     @classmethod
     def create(
@@ -172,6 +173,7 @@ class Request:
             outputs=[s.to_output() for s in self.samples],
             finished=self.finished,
             metrics=self.metrics,
+            num_cached_tokens=self.num_cached_tokens or 0,
         )
 
 

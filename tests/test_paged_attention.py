@@ -22,6 +22,7 @@ from minserve.attention.contiguous import (
     attend,
 )
 from minserve.attention.metadata import AttentionMetadata
+from minserve.attention.paged_plan import length_buckets
 from minserve.attention.paged_torch import (
     TorchPagedAttention,
     paged_attention_reference,
@@ -309,8 +310,24 @@ def test_rejects_block_tables_too_short_for_the_context() -> None:
 
 def test_backend_registry_names_the_available_backends() -> None:
     assert get_attention_backend("torch") is TorchPagedAttention
-    with pytest.raises(ValueError, match="unknown attention backend 'cuda'; available: torch"):
+    assert get_attention_backend("auto", "cpu") is TorchPagedAttention
+    with pytest.raises(ValueError, match="unknown attention backend 'cuda'; available: auto"):
         get_attention_backend("cuda")
+
+
+@pytest.mark.parametrize(
+    ("blocks", "expected"),
+    [
+        ([4, 4, 4], [[0, 1, 2]]),
+        ([1, 8, 6, 2, 5], [[1, 2], [4], [3], [0]]),  # 6 >= 0.75 * 8; 5 < 6; 2 < 0.75 * 5
+        ([3, 12, 9, 10], [[1, 3, 2], [0]]),
+    ],
+)
+def test_decodes_are_bucketed_by_length_longest_first(blocks, expected) -> None:
+    buckets = length_buckets(list(range(len(blocks))), blocks)
+    assert buckets == expected
+    for bucket in buckets:  # every member fills at least 3/4 of the bucket's padded length
+        assert all(blocks[i] >= 0.75 * blocks[bucket[0]] for i in bucket)
 
 
 # --- end to end: a tiny Llama, chunked through the paged pool ----------------------------------

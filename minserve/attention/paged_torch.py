@@ -4,76 +4,19 @@ A step does two things per layer. *Store*: each new token's k/v goes to the pool
 scheduler gave it (`slot_mapping`). *Attend*: each query token sees its own sequence's cached
 tokens, gathered block by block through the sequence's block table, up to its own position.
 
-Decodes (one query token each) are many and short, so they run together as one padded,
-masked batch; prefill and extend chunks are few and long, so they run one by one. Math is
-done in fp32 whatever the cache dtype, to stay close to the contiguous reference.
+Decodes (one query token each) are many and short, so they run together in padded, masked
+batches: sorted by context length and cut into buckets of similar lengths, so that little
+work goes into padding. Prefill and extend chunks are few and long, so they run one by one.
+Math runs in the cache's dtype; torch's attention kernel accumulates in fp32 either way.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from minserve.attention.metadata import AttentionMetadata, PagedKVCache
-
-
-@dataclass(frozen=True)
-class AttentionGroup:
-    """Sequences attended in one computation: all the decodes, or a single prefill chunk."""
-
-    rows: torch.Tensor | slice  # their query tokens' rows in the flat batch
-    block_index: torch.Tensor  # [B * num_blocks] int32: the blocks of their longest context
-    positions: torch.Tensor  # [B, n] int64: each query token's position in its sequence
-
-
-def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGroup]:
-    """Split a step into attention groups. Reads the metadata to the host once per step."""
-    if metadata.block_tables.shape[1] * block_size < metadata.max_context_len:
-        raise ValueError(
-            f"block tables have {metadata.block_tables.shape[1]} blocks of {block_size} "
-            f"tokens, too few for a context of {metadata.max_context_len} tokens"
-        )
-    starts = metadata.query_start_loc.tolist()
-    contexts = metadata.context_lens.tolist()
-    tables = metadata.block_tables.long()  # [num_seqs, max_blocks]
-    device = tables.device
-
-    def blocks_for(context: int) -> int:
-        return -(-context // block_size)  # ceil
-
-    seqs = range(metadata.num_seqs)
-    decodes = [i for i in seqs if starts[i + 1] - starts[i] == 1]
-    groups = []
-    if decodes:
-        groups.append(
-            AttentionGroup(
-                rows=torch.tensor([starts[i] for i in decodes], device=device),
-                block_index=block_index(
-                    tables[torch.tensor(decodes, device=device)],
-                    blocks_for(max(contexts[i] for i in decodes)),
-                ),
-                positions=torch.tensor([[contexts[i] - 1] for i in decodes], device=device),
-            )
-        )
-    for i in seqs:
-        start, end, context = starts[i], starts[i + 1], contexts[i]
-        if end - start > 1:
-            groups.append(
-                AttentionGroup(
-                    rows=slice(start, end),
-                    block_index=block_index(tables[i : i + 1], blocks_for(context)),
-                    positions=torch.arange(context - (end - start), context, device=device)[None],
-                )
-            )
-    return groups
-
-
-def block_index(tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """The first `num_blocks` of each table, flattened into a fresh contiguous int32 tensor
-    (index_select on a strided or int64 view of the tables is several times slower)."""
-    return tables[:, :num_blocks].flatten().to(torch.int32).clone()
+from minserve.attention.paged_plan import AttentionGroup, plan_step
 
 
 def flat_slots(cache: torch.Tensor) -> torch.Tensor:
@@ -129,10 +72,10 @@ def attend_groups(
     for g in groups:
         batch, n = g.positions.shape
         group_q = q[g.rows].view(batch, n, num_heads, head_dim)  # [B, n, Hq, D]
-        k = gather_context(k_cache, g)  # [B, S, Hkv, D] fp32
+        k = gather_context(k_cache, g)  # [B, S, Hkv, D]
         v = gather_context(v_cache, g)
-        group_out = causal_attention(group_q.float(), k, v, g.positions, scale)  # [B, n, Hq, D]
-        out[g.rows] = group_out.view(batch * n, num_heads, head_dim).to(q.dtype)
+        group_out = causal_attention(group_q, k, v, g.positions, scale)  # [B, n, Hq, D]
+        out[g.rows] = group_out.reshape(batch * n, num_heads, head_dim)
     return out
 
 
@@ -148,7 +91,7 @@ def gather_context(cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
     num_blocks = cache.shape[0]
     batch = group.positions.shape[0]
     rows = cache.view(num_blocks, -1).index_select(0, group.block_index)  # [B * blocks, ...]
-    return rows.view(batch, -1, *cache.shape[2:]).float()  # [B, S, Hkv, D]
+    return rows.view(batch, -1, *cache.shape[2:])  # [B, S, Hkv, D]
 
 
 def causal_attention(
@@ -162,6 +105,8 @@ def causal_attention(
 
     One mask covers both causality within a chunk and the padding of shorter sequences.
     """
+    if q.shape[1] == 1:
+        return decode_attention(q, k, v, positions, scale)
     key_pos = torch.arange(k.shape[1], device=k.device)
     visible = key_pos[None, None, :] <= positions[:, :, None]  # [B, n, S]
     out = F.scaled_dot_product_attention(
@@ -173,6 +118,34 @@ def causal_attention(
         enable_gqa=True,
     )
     return out.transpose(1, 2)  # [B, n, Hq, D]
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """One query token per sequence, q [B, 1, Hq, D] over k, v [B, S, Hkv, D]: [B, 1, Hq, D].
+
+    The query heads that share a KV head become that head's query *rows*: [B, Hkv, g, D].
+    Each K/V row is then read once for its whole group, where torch's GQA path reads it
+    once per query head (several times faster in bf16 on a CPU). All g rows sit at the
+    same position, so one mask per sequence covers them.
+    """
+    batch, _, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    folded = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, g, D]
+    visible = torch.arange(k.shape[1], device=k.device)[None, :] <= positions  # [B, S]
+    out = F.scaled_dot_product_attention(
+        folded,
+        k.transpose(1, 2),  # [B, Hkv, S, D]
+        v.transpose(1, 2),
+        attn_mask=visible[:, None, None, :],  # [B, 1, 1, S]
+        scale=scale,
+    )
+    return out.view(batch, 1, num_heads, head_dim)
 
 
 class TorchPagedAttention:

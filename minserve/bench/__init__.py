@@ -11,4 +11,8 @@ here, so a number in a notebook and a number in a report come from the same code
   and a plot.
 - `step_trace`: drive `LLMEngine.step()` and record each step's batch and wall time, and
   each request's token times and inter-token latencies (chapters 03 and 04).
+- `chunked_itl` (+ `chunked_itl_report`): running decodes' ITL while long prompts arrive,
+  chunked prefill vs not (`minserve bench chunked-itl`); `sched_overhead`: the share of a
+  decode step outside the model (`minserve bench scheduler-overhead`); `run_env`: threads,
+  load guard and the run record they share.
 """

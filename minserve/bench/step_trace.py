@@ -168,8 +168,9 @@ def fastest_runs(
 class _Recorder:
     """Adds requests to an engine, runs its steps and writes down what happened."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, clock: Callable[[], float] = time.perf_counter) -> None:
         self.engine = engine
+        self.clock = clock  # wall time; time.process_time counts only this process's CPU time
         self.trace = StepTrace()
         self._added: list[str] = []
         self._seen: dict[str, int] = {}  # tokens seen so far per request
@@ -180,9 +181,9 @@ class _Recorder:
         self._added.append(arrival.request_id)
 
     def step(self) -> None:
-        start = time.perf_counter()
+        start = self.clock()
         outputs = self.engine.step()
-        duration = time.perf_counter() - start
+        duration = self.clock() - start
         batch = self.engine.last_batch
         if batch.is_empty:
             return  # the engine does not count it either
@@ -219,12 +220,16 @@ def _work(scheduled: ScheduledSeq) -> ScheduledWork:
     return ScheduledWork(seq.request.request_id, n, is_decode)
 
 
-def trace_engine(engine: LLMEngine, arrivals: Sequence[Arrival]) -> StepTrace:
+def trace_engine(
+    engine: LLMEngine, arrivals: Sequence[Arrival], clock: Callable[[], float] = time.perf_counter
+) -> StepTrace:
     """Continuous batching: add each request before its step, run until all finish.
 
     When the engine runs dry before the next arrival's step, that arrival comes at once.
+    `clock` times the steps: wall time, or `time.process_time` (this process's CPU time,
+    steadier on a machine shared with other jobs).
     """
-    recorder = _Recorder(engine)
+    recorder = _Recorder(engine, clock)
     pending = sorted(arrivals, key=lambda a: a.step)
     while pending or engine.has_unfinished_requests():
         now = len(recorder.trace.steps)

@@ -79,6 +79,26 @@ CHAPTERS: tuple[Chapter, ...] = (
         checks="minserve.course.checks_ch01",
     ),
     Chapter(
+        number="02",
+        slug="paged_attention",
+        title="Paged attention",
+        module="ch02_paged_attention",
+        sources=("attention/triton_decode.py",),
+        header=(
+            '"""Chapter 02, Paged attention: the Triton decode kernel.\n\n'
+            "One program attends one sequence's query heads (those sharing a KV head) over its\n"
+            "keys and values, found through the block table, with an online softmax. Launch\n"
+            "your kernel with `paged_decode(..., kernel=paged_decode_kernel)`; on a CPU it runs\n"
+            "in Triton's interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).\n"
+            '"""\n\n'
+            "import triton\n"
+            "import triton.language as tl\n\n"
+            "from minserve.attention import triton_env  # noqa: F401  (before any @triton.jit)\n"
+            "from minserve.attention.triton_decode import paged_decode  # noqa: F401\n"
+        ),
+        checks="minserve.course.checks_ch02",
+    ),
+    Chapter(
         number="03",
         slug="continuous_batching",
         title="Continuous batching",
@@ -102,6 +122,45 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.scheduler.sequence import SeqStatus, Sequence\n"
         ),
         checks="minserve.course.checks_ch03",
+    ),
+    Chapter(
+        number="05",
+        slug="sharing_prefixes",
+        title="Sharing prefixes",
+        module="ch05_radix_cache",
+        sources=("kvcache/radix_cache.py",),
+        header=(
+            '"""Chapter 05, Sharing prefixes: the radix tree of the prefix cache.\n\n'
+            "A radix tree over token ids at block granularity (SGLang's RadixAttention): you\n"
+            "write `match_prefix`, `insert` and `evict`. Plug your class into the engine with\n"
+            "`LLM(enable_prefix_caching=True, prefix_cache_cls=RadixCache)`.\n"
+            '"""\n\n'
+            "import heapq\n"
+            "import itertools\n\n"
+            "from minserve.kvcache.block_allocator import BlockAllocator\n"
+            "from minserve.kvcache.radix_cache import PrefixMatch, RadixNode\n"
+        ),
+        checks="minserve.course.checks_ch05",
+    ),
+    Chapter(
+        number="07",
+        slug="tensor_parallelism",
+        title="Tensor parallelism",
+        module="ch07_parallel_linear",
+        sources=("distributed/layers.py",),
+        header=(
+            '"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers.\n\n'
+            "Megatron-LM splits a linear layer over N ranks by its output features (column-\n"
+            "parallel: no communication) or by its input features (row-parallel: one\n"
+            "all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather).\n"
+            '"""\n\n'
+            "import torch\n"
+            "import torch.nn.functional as F  # noqa: F401  (your code will want it)\n"
+            "from torch import nn\n\n"
+            "from minserve.distributed.comm import Communicator\n"
+            "from minserve.distributed.layers import even_split, meta_parameter\n"
+        ),
+        checks="minserve.course.checks_ch07",
     ),
 )
 

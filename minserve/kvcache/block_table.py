@@ -99,6 +99,23 @@ class BlockTable:
             allocator.share(block)
         return child
 
+    def adopt_prefix(self, allocator: BlockAllocator, blocks: list[int]) -> None:
+        """Make `blocks`, full blocks holding the KV of this table's first tokens, its first
+        blocks (a prefix-cache hit on an empty table, or the cached twins of blocks it computed)."""
+        self._use(allocator)
+        if self.blocks and len(blocks) > len(self.blocks):
+            raise ValueError(
+                f"cannot adopt {len(blocks)} cached blocks into a table of {len(self.blocks)}"
+            )
+        for i, block in enumerate(blocks):
+            allocator.share(block)  # before freeing ours: they may be the same block
+            if i < len(self.blocks):
+                allocator.free(self.blocks[i])
+                self.blocks[i] = block
+            else:
+                self.blocks.append(block)
+        self.num_tokens = max(self.num_tokens, len(blocks) * self.block_size)
+
     def free(self, allocator: BlockAllocator) -> None:
         """Release every block and empty the table."""
         self._use(allocator)

@@ -1,7 +1,11 @@
-"""The engine's view of the state plane: allocator + paged pool + optional host swap space.
+"""The engine's view of the state plane: allocator + paged pool + optional host swap space
++ optional radix prefix cache.
 
 The scheduler talks only to this object: can a sequence grow by n tokens, grow it (with
 copy-on-write applied to the pool at once), fork it, free it, swap it out and back in.
+With a prefix cache, a new sequence starts from the cached blocks of its prompt's longest
+cached prefix, computed blocks are cached as they fill, and a shortage of free blocks is
+met by evicting cached blocks nobody holds before the scheduler has to preempt.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from collections.abc import Hashable
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.kvcache.prefix_caching import PrefixCaching
+from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
 
 
@@ -19,11 +25,17 @@ class KVCacheManager:
     """Blocks for sequences: allocation, sharing, copy-on-write and swapping."""
 
     def __init__(
-        self, allocator: BlockAllocator, pool: PagedKVPool, swap: HostSwapSpace | None = None
+        self,
+        allocator: BlockAllocator,
+        pool: PagedKVPool,
+        swap: HostSwapSpace | None = None,
+        prefix_cache: RadixCache | None = None,
     ) -> None:
         self.allocator = allocator
         self.pool = pool
         self.swap = swap
+        self.prefix_cache = prefix_cache
+        self.prefix = PrefixCaching(prefix_cache, allocator) if prefix_cache else None
         self._swapped_tokens: dict[Hashable, int] = {}
 
     @property
@@ -32,26 +44,56 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of the pool's blocks in use."""
-        return 1 - self.allocator.num_free / self.allocator.num_blocks
+        """Fraction of the pool's blocks in use (cached blocks nobody holds count as free)."""
+        return 1 - self._num_available / self.allocator.num_blocks
+
+    @property
+    def _num_available(self) -> int:
+        """Free blocks, plus the cached blocks eviction could free."""
+        return self.allocator.num_free + (self.prefix.num_evictable_blocks if self.prefix else 0)
 
     def new_table(self) -> BlockTable:
         return BlockTable(self.block_size)
 
     def can_append(self, table: BlockTable, num_new_tokens: int) -> bool:
-        return self.allocator.can_allocate(table.blocks_needed(num_new_tokens))
+        return table.blocks_needed(num_new_tokens) <= self._num_available
 
     def append(self, table: BlockTable, num_new_tokens: int) -> None:
         """Assign slots for the next tokens; copy shared partly-filled blocks first."""
+        if self.prefix is not None:
+            self.prefix.make_room(table.blocks_needed(num_new_tokens))
+        first = table.num_tokens
         _, copies = table.append(self.allocator, num_new_tokens)
         if copies:
             self.pool.copy_blocks(copies)
+        if self.prefix is not None:
+            self.prefix.scheduled(table, first)
 
     def fork(self, table: BlockTable) -> BlockTable:
-        return table.fork(self.allocator)
+        child = table.fork(self.allocator)
+        if self.prefix is not None:
+            self.prefix.fork(table, child)
+        return child
 
     def free(self, table: BlockTable) -> None:
+        if self.prefix is not None:
+            self.prefix.release(table)
         table.free(self.allocator)
+
+    def reuse_prefix(self, table: BlockTable, token_ids: list[int]) -> int:
+        """Start an empty table with its prompt's cached prefix; tokens reused (0: no cache)."""
+        if self.prefix is None or table.blocks:
+            return 0
+        return self.prefix.reuse(table, token_ids)
+
+    def cached_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of `token_ids` the prefix cache holds (whole blocks)."""
+        return self.prefix.cached_tokens(token_ids) if self.prefix else 0
+
+    def cache_computed(self, table: BlockTable, token_ids: list[int], num_computed: int) -> None:
+        """After a step: cache the full blocks among the table's computed tokens."""
+        if self.prefix is not None:
+            self.prefix.cache_full_blocks(table, token_ids, num_computed)
 
     def can_swap_out(self, table: BlockTable) -> bool:
         if self.swap is None or not table.blocks:
@@ -63,16 +105,16 @@ class KVCacheManager:
         assert self.swap is not None
         self.swap.swap_out(key, self.pool, table.blocks)
         self._swapped_tokens[key] = table.num_tokens
-        table.free(self.allocator)
+        self.free(table)
 
     def can_swap_in(self, key: Hashable, headroom: int = 0) -> bool:
         blocks = math.ceil(self._swapped_tokens[key] / self.block_size)
-        return self.allocator.can_allocate(blocks + headroom)
+        return blocks + headroom <= self._num_available
 
     def swap_in(self, key: Hashable, table: BlockTable) -> None:
         """Allocate fresh blocks for the swapped tokens and copy them back from host memory."""
         assert self.swap is not None
-        table.append(self.allocator, self._swapped_tokens.pop(key))
+        self.append(table, self._swapped_tokens.pop(key))
         self.swap.swap_in(key, self.pool, table.blocks)
 
     def discard_swapped(self, key: Hashable) -> None:

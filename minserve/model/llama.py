@@ -10,6 +10,7 @@ Face's, so checkpoints load by name.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -70,21 +71,32 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding, "rotate half" layout (Hugging Face's).
 
-    cos/sin are computed from the positions of this step only, so a 128k-token model costs
-    no 128k-row table.
+    cos/sin are computed once per step from that step's positions (no 128k-row table for a
+    128k-token model) and shared by every layer's q and k.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, head_dim], positions [T] -> x rotated by each token's position."""
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """positions [T] -> the step's rotation: cos and sin [T, 1, head_dim] each."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2]
         angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        return Rotation(angles.cos().to(dtype), angles.sin().to(dtype))
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """One step's RoPE factors, broadcast over heads."""
+
+    cos: torch.Tensor  # [T, 1, head_dim]
+    sin: torch.Tensor  # [T, 1, head_dim]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, head_dim] -> x rotated by each token's position."""
         x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return x * self.cos + torch.cat((-x2, x1), dim=-1) * self.sin
 
 
 class SelfAttention(nn.Module):
@@ -103,12 +115,7 @@ class SelfAttention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
-        attention: AttentionFn,
-        layer: int,
+        self, x: torch.Tensor, rotation: Rotation, attention: AttentionFn, layer: int
     ) -> torch.Tensor:
         cfg = self.config
         num_tokens = x.shape[0]
@@ -117,7 +124,7 @@ class SelfAttention(nn.Module):
         v = self.v_proj(x).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = rotation.apply(q), rotation.apply(k)
         out = attention(layer, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, cfg.q_size))
 
@@ -147,14 +154,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
-        attention: AttentionFn,
-        layer: int,
+        self, x: torch.Tensor, rotation: Rotation, attention: AttentionFn, layer: int
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attention, layer)
+        x = x + self.self_attn(self.input_layernorm(x), rotation, attention, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -185,8 +187,9 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [T] (a flat batch) -> final hidden states [T, hidden]."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        rotation = self.rope(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, positions, self.rope, attention, i)
+            x = layer(x, rotation, attention, i)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

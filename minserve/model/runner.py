@@ -64,10 +64,13 @@ class ModelRunner:
             sample_indices=torch.tensor(sample_indices, dtype=torch.long, device=self.device),
         )
 
-    @torch.inference_mode()
     def run(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
         """Forward the batch; logits [num_sampling, vocab] in the order of `scheduled`."""
-        inputs = self.prepare(scheduled)
+        return self.forward(self.prepare(scheduled))
+
+    @torch.inference_mode()
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        """The decoder over prepared inputs; logits [num_sampling, vocab]."""
         attention: AttentionFn = self.backend(self.kv, inputs.metadata)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)  # [T, hidden]
         return self.model.compute_logits(hidden[inputs.sample_indices])

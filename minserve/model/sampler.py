@@ -5,8 +5,9 @@ Each row goes through, in order:
 2. penalties: repetition (prompt + output tokens), frequency and presence (output only);
 3. min_tokens: EOS and stop tokens forbidden until the row has enough output;
 4. greedy rows take the argmax; the others divide by temperature, filter (top-k, top-p,
-   min-p) and draw by an exponential race whose noise comes from the row's own generator,
-   so a seeded row's tokens never depend on which other rows share its batch.
+   min-p) and draw by inverse transform sampling: one uniform number per row, from the
+   row's own generator, so a seeded row's tokens never depend on which other rows share
+   its batch.
 
 The three filters are chapter 00's exercise (the marked regions below); `Sampler` takes
 them as arguments so a student's versions can run inside the real engine.
@@ -62,6 +63,8 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     kth_largest = kth_largest.masked_fill((top_k <= 0).unsqueeze(-1), float("-inf"))  # off
     return logits.masked_fill(logits < kth_largest, float("-inf"))
     # <<< solution
+
+
 # <<< exercise
 
 
@@ -87,6 +90,8 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     smallest_kept = sorted_asc.gather(-1, num_dropped.unsqueeze(-1))  # [rows, 1]
     return logits.masked_fill(logits < smallest_kept, float("-inf"))
     # <<< solution
+
+
 # <<< exercise
 
 
@@ -106,6 +111,8 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     threshold = max_logit + min_p.log().unsqueeze(-1)  # [rows, 1]; log(0) = -inf keeps all
     return logits.masked_fill(logits < threshold, float("-inf"))
     # <<< solution
+
+
 # <<< exercise
 
 
@@ -191,7 +198,7 @@ class Sampler:
         return SampleResult(token_ids.tolist(), _logprob_dicts(raw_logprobs, token_ids, rows))
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """Temperature, the filters a row asked for, then an exponential race: [rows]."""
+        """Temperature, the filters a row asked for, then an inverse-CDF draw: [rows]."""
         device = logits.device
         logits = logits / _per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
         if any(row.params.top_k > 0 for row in rows):
@@ -200,11 +207,22 @@ class Sampler:
             logits = self.top_p_fn(logits, _per_row(rows, "top_p", device))
         if any(row.params.min_p > 0 for row in rows):
             logits = self.min_p_fn(logits, _per_row(rows, "min_p", device))
-        # argmax(p_i / E_i) with E_i ~ Exp(1) is a draw from p: the first of independent
-        # exponential clocks with rates p_i to ring. In log space that is logit_i - log E_i
-        # (the Gumbel-max trick), and no softmax is needed.
-        gumbel = _exponential_noise(rows, logits).log_().neg_()  # [rows, vocab]
-        return (logits + gumbel).argmax(dim=-1)
+        return draw_from_logits(logits, _uniforms(rows, device))
+
+
+def draw_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse transform sampling: logits [rows, vocab], u [rows] in [0, 1) -> tokens [rows].
+
+    The token drawn is the first whose cumulative probability exceeds u. A token filtered
+    to -inf has probability 0, so the CDF does not rise there and it is never the first to
+    exceed u. One uniform per row (not one random number per vocabulary entry, as the
+    exponential race or Gumbel-max would need) keeps the draw cheap on a CPU.
+    """
+    probs = logits.softmax(dim=-1)  # [rows, vocab]
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # [rows, vocab]
+    target = (uniforms.to(torch.float64) * cdf[:, -1]).unsqueeze(-1)  # [rows, 1]
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [rows]
+    return tokens.clamp_(max=logits.shape[-1] - 1)  # a guard only: u < 1 keeps target < total
 
 
 def _has_penalties(params: SamplingParams) -> bool:
@@ -239,12 +257,13 @@ def _per_row(
     return torch.tensor([getattr(row.params, name) for row in rows], dtype=dtype, device=device)
 
 
-def _exponential_noise(rows: Sequence[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
-    """Exp(1) noise shaped like `logits`, each row drawn from that row's own generator."""
-    noise = torch.empty_like(logits)  # [rows, vocab]
+def _uniforms(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
+    """One U[0, 1) draw per row: [rows]. Seeded rows draw from their own generator."""
+    u = torch.rand(len(rows), device=device)  # the global RNG, for unseeded rows
     for i, row in enumerate(rows):
-        noise[i].exponential_(generator=row.generator)
-    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # log(0) would make -inf + inf
+        if row.generator is not None:
+            u[i] = torch.rand(1, generator=row.generator, device=device)[0]
+    return u
 
 
 def _wants_logprobs(rows: Sequence[SamplingRow]) -> bool:

@@ -2,13 +2,16 @@
 
 A policy is a sort key. Sequences sorted by it are served front to back and preempted
 back to front. A preempted sequence keeps its arrival time, so under FCFS it returns to
-the front of the queue without any special case.
+the front of the queue without any special case. "lpm" (longest prefix match,
+`cache_aware.py`) ranks waiting requests by how much of their prompt is cached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from minserve.kvcache.manager import KVCacheManager
+from minserve.scheduler.cache_aware import LongestPrefixMatch
 from minserve.scheduler.sequence import Sequence
 
 # The seeds' three request classes, as vLLM-style priorities (lower is served first).
@@ -30,9 +33,15 @@ def priority(seq: Sequence) -> tuple:
 POLICIES: dict[str, PolicyKey] = {"fcfs": fcfs, "priority": priority}
 
 
-def get_policy(name: str) -> PolicyKey:
+def get_policy(name: str, kv: KVCacheManager | None = None) -> PolicyKey:
+    """The policy called `name`; "lpm" needs the KV cache manager, whose prefix cache it reads."""
+    if name == "lpm":
+        if kv is None:
+            raise ValueError("scheduling_policy 'lpm' reads the prefix cache: pass the KV manager")
+        return LongestPrefixMatch(kv)
     if name not in POLICIES:
-        raise ValueError(f"unknown scheduling_policy {name!r}; choose one of {', '.join(POLICIES)}")
+        names = ", ".join([*POLICIES, "lpm"])
+        raise ValueError(f"unknown scheduling_policy {name!r}; choose one of {names}")
     return POLICIES[name]
 
 

@@ -1,0 +1,97 @@
+"""The Triton attention backend: `TorchPagedAttention`'s interface, Triton's kernels.
+
+Built once per step from the step's `AttentionMetadata`: it splits the sequences into
+decodes (one query token: `paged_decode`, GQA-grouped, split-K on long contexts) and
+prefill/extend chunks (several query tokens: `paged_prefill`), reading the metadata to the
+host once. Called per layer: store the step's k/v by slot, then run both kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+from minserve.attention.triton_decode import paged_decode
+from minserve.attention.triton_env import check_kernel_device
+from minserve.attention.triton_prefill import paged_prefill
+from minserve.attention.triton_store import paged_store
+
+
+@dataclass(frozen=True)
+class SeqSubset:
+    """The metadata of some of a step's sequences (its decodes, or its chunks)."""
+
+    seqs: torch.Tensor  # [S'] int64: which sequences of the step
+    query_starts: torch.Tensor  # [S'] int32: row of each one's first query token
+    query_lens: torch.Tensor  # [S'] int32
+    context_lens: torch.Tensor  # [S'] int32
+    block_tables: torch.Tensor  # [S', max_blocks] int32
+    max_query_len: int
+    max_context_len: int
+
+    @classmethod
+    def select(cls, metadata: AttentionMetadata, seqs: list[int]) -> SeqSubset | None:
+        """The subset made of sequences `seqs`, or None when there are none."""
+        if not seqs:
+            return None
+        device = metadata.context_lens.device
+        index = torch.tensor(seqs, dtype=torch.int64, device=device)
+        query_lens = metadata.query_lens[index]
+        context_lens = metadata.context_lens[index]
+        return cls(
+            seqs=index,
+            query_starts=metadata.query_start_loc[index].contiguous(),
+            query_lens=query_lens.contiguous(),
+            context_lens=context_lens.contiguous(),
+            block_tables=metadata.block_tables[index].contiguous(),
+            max_query_len=int(query_lens.max()),
+            max_context_len=int(context_lens.max()),
+        )
+
+
+class TritonPagedAttention:
+    """`AttentionFn` over a paged KV pool (PagedAttention) with Triton kernels."""
+
+    def __init__(
+        self, kv: PagedKVCache, metadata: AttentionMetadata, scale: float | None = None
+    ) -> None:
+        check_kernel_device(kv.k_cache(0), metadata.block_tables)
+        self.kv = kv
+        self.metadata = metadata
+        self.scale = scale
+        query_lens = metadata.query_lens.tolist()
+        self.decodes = SeqSubset.select(metadata, [i for i, n in enumerate(query_lens) if n == 1])
+        self.chunks = SeqSubset.select(metadata, [i for i, n in enumerate(query_lens) if n > 1])
+        # decodes are the step's first rows in the engine's order: then a slice, not a gather
+        num_decodes = 0 if self.decodes is None else len(self.decodes.seqs)
+        first = query_lens[:num_decodes] == [1] * num_decodes
+        self.decode_rows: slice | torch.Tensor = (
+            slice(0, num_decodes) if first or self.decodes is None else self.decodes.query_starts
+        )
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        if q.shape[0] != self.metadata.num_tokens:
+            raise ValueError(
+                f"step has {q.shape[0]} tokens but the attention metadata maps "
+                f"{self.metadata.num_tokens}; build the metadata from the same batch"
+            )
+        k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
+        paged_store(k_cache, v_cache, k, v, self.metadata.slot_mapping)
+        out = q.new_empty(q.shape)  # [T, Hq, D]
+        if self.decodes is not None:
+            d = self.decodes
+            out[self.decode_rows] = paged_decode(
+                q[self.decode_rows], k_cache, v_cache, d.block_tables, d.context_lens,
+                d.max_context_len, self.scale,
+            )  # fmt: skip
+        if self.chunks is not None:
+            c = self.chunks
+            paged_prefill(
+                q, k_cache, v_cache, c.block_tables, c.query_starts, c.query_lens,
+                c.context_lens, c.max_query_len, out, self.scale,
+            )  # fmt: skip
+        return out

@@ -1,0 +1,111 @@
+"""A tensor-parallel worker: rank 1..N-1. It holds its shard and its own KV pool, and runs
+every forward that rank 0 broadcasts, until rank 0 says stop.
+
+The same loop serves processes spawned by `LLM(tensor_parallel_size=N)` on one machine
+(`spawned_worker`) and processes started by torchrun across machines (`torchrun_worker`).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+
+from minserve.attention.backends import get_attention_backend
+from minserve.distributed import step_message
+from minserve.distributed.checkpoint import CheckpointTensors
+from minserve.distributed.group import RankGroup, join_group, leave_group, rank_device
+from minserve.distributed.shard_model import build_shard
+from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.model.loader import resolve_dtype
+from minserve.model.runner import ModelRunner
+
+STARTED, READY = "started", "ready"
+
+
+@dataclass(frozen=True)
+class TPSpec:
+    """What every rank needs to build the same engine slice (plain values: it is pickled
+    only from rank 0 to the workers it spawns)."""
+
+    model: str | None  # a .gguf file or HF folder; None: the bundled SmolLM2
+    world_size: int
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    attention_backend: str = "auto"
+    init_method: str | None = None  # "tcp://127.0.0.1:PORT"; None: torchrun's env://
+    num_threads: int | None = None  # CPU threads per worker (None: cores / world_size)
+    step_timeout: float = 600.0  # seconds a collective may wait before it is an error
+
+
+@dataclass
+class RankState:
+    """One rank's slice of the engine: its model shard and its paged KV pool."""
+
+    group: RankGroup
+    runner: ModelRunner
+    pool: PagedKVPool
+
+
+def start_rank(
+    rank: int, spec: TPSpec, source: CheckpointTensors | None = None
+) -> tuple[RankGroup, torch.nn.Module]:
+    """Join the group and load this rank's shard (rank 0 included)."""
+    device = rank_device(spec.device, rank)
+    group = join_group(rank, spec.world_size, spec.init_method, device, spec.step_timeout)
+    source = source or CheckpointTensors(spec.model)
+    model = build_shard(source, group.comm, resolve_dtype(spec.dtype, device), device)
+    return group, model
+
+
+def agree_num_blocks(group: RankGroup, num_blocks: int) -> int:
+    """Rank 0's pool size, on every rank (a sum where only rank 0 contributes)."""
+    count = torch.tensor([num_blocks if group.rank == 0 else 0], dtype=torch.int64)
+    torch.distributed.all_reduce(count, group=group.control)
+    return int(count.item())
+
+
+def build_worker(rank: int, spec: TPSpec) -> RankState:
+    """A worker's shard, its KV pool (sized by rank 0) and a plain model runner."""
+    group, model = start_rank(rank, spec)
+    param = next(model.parameters())
+    pool = PagedKVPool(
+        model.config, agree_num_blocks(group, 0), spec.block_size, param.dtype, param.device
+    )
+    backend = get_attention_backend(spec.attention_backend, param.device)
+    return RankState(group, ModelRunner(model, pool, backend), pool)
+
+
+def serve_steps(state: RankState) -> None:
+    """Run rank 0's steps on this rank's heads until it broadcasts stop."""
+    while (msg := step_message.receive(state.group.control, state.runner.device)) is not None:
+        state.pool.copy_blocks(msg.copies)  # rank 0's copy-on-write, on our heads
+        state.runner.forward(msg.inputs)
+
+
+def spawned_worker(rank: int, spec: TPSpec, status: Connection) -> None:
+    """Entry point of a worker process spawned by rank 0; reports to it through `status`."""
+    torch.set_num_threads(spec.num_threads or max(1, (os.cpu_count() or 1) // spec.world_size))
+    try:
+        status.send(STARTED)
+        state = build_worker(rank, spec)
+        status.send(READY)
+        serve_steps(state)
+    except BaseException:
+        status.send(f"rank {rank} failed:\n{traceback.format_exc()}")
+        raise SystemExit(1) from None
+    finally:
+        leave_group()
+
+
+def torchrun_worker(spec: TPSpec) -> None:
+    """Entry point of ranks 1..N-1 under torchrun (RANK, WORLD_SIZE from the environment)."""
+    state = build_worker(int(os.environ["RANK"]), spec)
+    try:
+        serve_steps(state)
+    finally:
+        leave_group()

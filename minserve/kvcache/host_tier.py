@@ -1,0 +1,95 @@
+"""The host tier of the prefix cache: evicted blocks wait in host memory for a later hit.
+
+A tiered KV cache (SGLang's HiCache, vLLM's CPU offloading, LMCache): when the device pool
+must evict a cached block, copy it to a bounded pool in host memory instead of dropping
+it. A later prompt whose cached prefix continues into blocks that live only on the host
+gets them *promoted*: fresh device blocks, filled by a copy back, put into the radix tree
+again. Whether that beats recomputing is a question of two measured speeds: a block
+costs `block_nbytes / copy bandwidth` to copy back and `block_size / prefill speed` to
+recompute (`TierCosts.copy_back_wins`). On a CPU-only machine both pools live in RAM,
+so copying always wins; on a GPU, PCIe against the GPU's prefill speed decides.
+
+Blocks are keyed by the whole prefix they complete (every token up to the block's end),
+because a block's keys and values depend on all the tokens before it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from minserve.kvcache.paged_pool import PagedKVPool
+
+Prefix = tuple[int, ...]  # the tokens of a block and of everything before it
+
+
+@dataclass(frozen=True)
+class TierCosts:
+    """The two speeds the copy-back-or-recompute rule compares."""
+
+    copy_bytes_per_s: float  # host -> device copy bandwidth
+    prefill_tokens_per_s: float  # how fast the engine computes prompt tokens
+
+    def copy_back_wins(self, num_bytes: int, num_tokens: int) -> bool:
+        """Copying `num_bytes` back is faster than recomputing `num_tokens` tokens."""
+        return num_bytes / self.copy_bytes_per_s < num_tokens / self.prefill_tokens_per_s
+
+    @classmethod
+    def measure(cls, pool: PagedKVPool, num_params: int) -> TierCosts:
+        """Copy bandwidth from timing a host -> pool copy; prefill speed from measured
+        matmul FLOP/s over the model's 2 x params FLOPs per token (the prefill roofline)."""
+        block = pool.read_blocks([0])  # [layers, 2, 1, bs, Hkv, D] on the host
+        copy_s = min(_seconds(lambda: pool.write_blocks([0], block)) for _ in range(3))
+        a = torch.randn(512, 512)
+        flops_s = 2 * 512**3 / min(_seconds(lambda: a @ a) for _ in range(3))
+        return cls(pool.block_nbytes / copy_s, flops_s / (2 * num_params))
+
+
+class HostPrefixTier:
+    """A bounded LRU store of evicted prefix blocks in host memory, with byte counters."""
+
+    def __init__(self, capacity_blocks: int, pool: PagedKVPool, costs: TierCosts) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"a host tier needs room for at least 1 block, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self.pool = pool
+        self.costs = costs
+        self.bytes_demoted = 0  # device -> host
+        self.bytes_promoted = 0  # host -> device
+        self.num_dropped = 0  # blocks that fell off the end of the host tier
+        self._blocks: OrderedDict[Prefix, torch.Tensor] = OrderedDict()  # LRU first
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, prefix: Prefix) -> bool:
+        return prefix in self._blocks
+
+    def demote(self, prefix: Prefix, block: int) -> None:
+        """Copy device block `block` (holding the KV of `prefix`'s last block) to the host."""
+        data = self.pool.read_blocks([block])  # [layers, 2, 1, bs, Hkv, D]
+        self._blocks[prefix] = data
+        self._blocks.move_to_end(prefix)
+        self.bytes_demoted += data.numel() * data.element_size()
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+            self.num_dropped += 1
+
+    def worth_promoting(self) -> bool:
+        """The rule: bring a block back only if copying it beats recomputing it."""
+        return self.costs.copy_back_wins(self.pool.block_nbytes, self.pool.block_size)
+
+    def promote(self, prefix: Prefix, block: int) -> None:
+        """Copy `prefix`'s block back into device block `block`; the host copy is dropped."""
+        data = self._blocks.pop(prefix)
+        self.pool.write_blocks([block], data)
+        self.bytes_promoted += data.numel() * data.element_size()
+
+
+def _seconds(action: object) -> float:
+    start = time.perf_counter()
+    action()  # type: ignore[operator]
+    return time.perf_counter() - start

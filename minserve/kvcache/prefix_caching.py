@@ -1,0 +1,139 @@
+"""Prefix caching for block tables: the glue between sequences' blocks and the radix tree.
+
+A sequence about to start asks for its prompt's longest cached prefix and begins with
+those blocks (shared, locked). Blocks are cached as soon as they are scheduled to be full,
+as vLLM does: the step that fills them writes every token's keys and values before any
+attention reads them, so a request admitted later in the same step already reuses them.
+Blocks that decodes fill are cached after the step. When the pool runs short, cached
+blocks no sequence holds are evicted before anyone is preempted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_table import BlockTable
+from minserve.kvcache.radix_cache import RadixCache, RadixNode
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _HeldPrefix:
+    """The cached prefix a block table uses: the node it locks and how many blocks."""
+
+    node: RadixNode
+    num_blocks: int
+
+
+@dataclass
+class PrefixCacheStats:
+    """What the prefix cache did (`get_metrics()`)."""
+
+    evicted_blocks: int = 0
+    upkeep_seconds: float = 0.0  # time spent in the radix tree: match, insert, lock, evict
+
+
+class PrefixCaching:
+    """Which block tables use which cached prefix, and the tree's upkeep time."""
+
+    def __init__(self, cache: RadixCache, allocator: BlockAllocator) -> None:
+        self.cache = cache
+        self.allocator = allocator
+        self.block_size = cache.block_size
+        self.stats = PrefixCacheStats()
+        self._held: dict[BlockTable, _HeldPrefix] = {}  # tables using cached blocks
+        self._tokens: dict[BlockTable, list[int]] = {}  # tokens of tables that started here
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return self.cache.num_evictable_blocks
+
+    def held_node(self, table: BlockTable) -> RadixNode | None:
+        """The node whose prefix `table` holds locked (None: it holds no cached blocks)."""
+        held = self._held.get(table)
+        return held.node if held else None
+
+    def reuse(self, table: BlockTable, token_ids: list[int]) -> int:
+        """Start an empty table with the cached blocks of `token_ids`' longest cached prefix.
+
+        At most all tokens but the last are reused, so that one is computed and gives the
+        logits to sample from. Returns the number of tokens reused.
+        """
+        self._tokens[table] = token_ids
+        usable = (len(token_ids) - 1) // self.block_size * self.block_size
+        match = self._timed(self.cache.match_prefix, token_ids[:usable])
+        if not match.blocks:
+            return 0
+        self._timed(self.cache.lock, match.node)
+        table.adopt_prefix(self.allocator, match.blocks)
+        self._held[table] = _HeldPrefix(match.node, match.num_blocks)
+        return table.num_tokens
+
+    def cached_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of `token_ids` the cache holds (whole blocks)."""
+        return self._timed(self.cache.match_prefix, token_ids).num_blocks * self.block_size
+
+    def scheduled(self, table: BlockTable, first: int) -> None:
+        """The table just got slots for its tokens from position `first` on: cache the blocks
+        they fill (this step writes them before any attention reads them)."""
+        tokens = self._tokens.get(table)
+        if tokens is not None:
+            end = min(table.num_tokens, len(tokens))
+            self.cache_full_blocks(table, tokens, end, computed=first)
+
+    def cache_full_blocks(
+        self, table: BlockTable, token_ids: list[int], num_tokens: int, computed: int | None = None
+    ) -> None:
+        """Insert the table's full blocks among its first `num_tokens` tokens, and hold them.
+
+        Blocks the cache already had (another request computed the same tokens) are
+        swapped for the cached ones, so the duplicates go back to the pool; but only among
+        the first `computed` tokens (default: all): a block this step is about to write
+        stays the table's own, never a block that others read.
+        """
+        full = num_tokens // self.block_size
+        held = self._held.get(table)
+        if full <= (held.num_blocks if held else 0):
+            return
+        tokens = token_ids[: full * self.block_size]
+        match = self._timed(self.cache.insert, tokens, table.blocks[:full])
+        written = full if computed is None else computed // self.block_size
+        table.adopt_prefix(self.allocator, match.blocks[:written])
+        self._timed(self.cache.lock, match.node)
+        self._unlock(table)
+        self._held[table] = _HeldPrefix(match.node, full)
+
+    def fork(self, parent: BlockTable, child: BlockTable) -> None:
+        """The child shares the parent's blocks, so it holds the same cached prefix."""
+        held = self._held.get(parent)
+        if held is not None:
+            self._timed(self.cache.lock, held.node)
+            self._held[child] = held
+
+    def release(self, table: BlockTable) -> None:
+        """The table no longer uses its cached prefix: unlock it (the blocks stay cached)."""
+        self._tokens.pop(table, None)
+        self._unlock(table)
+
+    def _unlock(self, table: BlockTable) -> None:
+        held = self._held.pop(table, None)
+        if held is not None:
+            self._timed(self.cache.unlock, held.node)
+
+    def make_room(self, num_blocks: int) -> None:
+        """Evict unheld cached blocks until `num_blocks` blocks are free (when possible)."""
+        short = num_blocks - self.allocator.num_free
+        if short > 0:
+            self.stats.evicted_blocks += self._timed(self.cache.evict, short)
+
+    def _timed(self, method: Callable[..., T], *args: object) -> T:
+        """Call a method of the radix tree, adding its time to the upkeep counter."""
+        start = time.perf_counter()
+        result = method(*args)
+        self.stats.upkeep_seconds += time.perf_counter() - start
+        return result

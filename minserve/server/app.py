@@ -1,0 +1,83 @@
+"""The FastAPI app: OpenAI's routes over one `AsyncEngine`, plus health and metrics.
+
+POST /v1/completions        POST /v1/chat/completions      GET /v1/models
+GET  /health                GET  /metrics (Prometheus text)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from minserve.llm import LLM
+from minserve.server.async_engine import AsyncEngine
+from minserve.server.errors import APIError, check_api_key, install_error_handlers
+from minserve.server.metrics import ServerMetrics
+from minserve.server.serving import OpenAIServing, ServerConfig
+
+
+@dataclass
+class Server:
+    """An app and the engine loop behind it; `start()` before serving, `shutdown()` after."""
+
+    app: FastAPI
+    engine: AsyncEngine
+    config: ServerConfig
+
+    def start(self) -> Server:
+        self.engine.start()
+        return self
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def build_server(llm: LLM, config: ServerConfig, max_queued: int = 256) -> Server:
+    """Wrap an `LLM`'s paged engine (model loaded, KV pool allocated) in the HTTP app."""
+    if llm.engine is None:
+        raise ValueError("the server needs the paged engine; this LLM runs engine='reference'")
+    if llm.engine.scheduler_config.scheduling_policy != config.scheduling_policy:
+        raise ValueError(
+            f"the engine schedules by {llm.engine.scheduler_config.scheduling_policy!r} but "
+            f"the server config says {config.scheduling_policy!r}"
+        )
+    engine = AsyncEngine(llm.engine, ServerMetrics(), max_queued)
+    return Server(create_app(engine, llm, config), engine, config)
+
+
+def create_app(engine: AsyncEngine, llm: LLM, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="minserve", summary="An OpenAI-compatible server over minserve's engine")
+    install_error_handlers(app)
+    serving = OpenAIServing(engine, llm.get_tokenizer(), config)
+    created = int(time.time())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serving.completions(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serving.chat(request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        check_api_key(request, config.api_key)
+        card = {"id": config.model_name, "object": "model", "created": created,
+                "owned_by": "minserve", "max_model_len": llm.max_model_len}  # fmt: skip
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_running:
+            raise APIError(503, "the engine loop is not running", code="engine_dead")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

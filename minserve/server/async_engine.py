@@ -1,0 +1,243 @@
+"""The asynchronous engine: one thread drives `LLMEngine.step()`, asyncio handlers wait.
+
+The engine is single-threaded by design, so only the loop thread touches it. Handlers talk
+to it through a thread-safe inbox (add, abort), and it answers through each request's own
+asyncio queue (`loop.call_soon_threadsafe`). Between steps it drains the inbox, so a
+request that arrives mid-generation joins the very next batch: continuous batching, served.
+
+    handler --submit--> inbox --> [engine thread: add / abort, step(), fan out] --> queues
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from minserve.engine import LLMEngine
+from minserve.outputs import RequestOutput
+from minserve.sampling_params import SamplingParams
+from minserve.server.metrics import ServerMetrics
+
+
+class EngineOverloadedError(RuntimeError):
+    """More requests are queued than the server accepts (answered with 503)."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine loop is not running (shut down, or it crashed)."""
+
+
+@dataclass(frozen=True)
+class _Sink:
+    """Where one HTTP request's outputs go: an asyncio queue on the handler's loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    sink: _Sink
+    arrival: float
+    accepted: Future = field(default_factory=Future)
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class RequestStream:
+    """The outputs of one HTTP request's engine requests (one per prompt), as they come."""
+
+    def __init__(self, engine: AsyncEngine, request_ids: list[str], sink: _Sink) -> None:
+        self._engine, self._sink = engine, sink
+        self._index = {rid: i for i, rid in enumerate(request_ids)}
+        self._unfinished = set(request_ids)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, cumulative output) each time a request gets new tokens."""
+        while self._unfinished:
+            item = await self._sink.queue.get()
+            if isinstance(item, BaseException):
+                self._unfinished.clear()  # the engine dropped them all
+                raise item
+            if item.finished:
+                self._unfinished.discard(item.request_id)
+            yield self._index[item.request_id], item
+
+    def abort(self) -> None:
+        """Cancel what is still running (the client left); frees its blocks in the engine."""
+        for request_id in self._unfinished:
+            self._engine.abort(request_id)
+        self._unfinished.clear()
+
+
+class AsyncEngine:
+    """Runs an `LLMEngine` in a background thread and streams outputs to asyncio handlers.
+
+    max_queued: requests accepted beyond the engine's seats (max_num_seqs) before new ones
+    are refused with EngineOverloadedError: a bounded waiting queue.
+    """
+
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_queued: int = 256) -> None:
+        self.engine, self.metrics = engine, metrics
+        self.capacity = engine.scheduler_config.max_num_seqs + max_queued
+        self.stats: dict[str, float] = engine.get_metrics()  # a snapshot, replaced each loop
+        self._inbox: queue.Queue = queue.Queue()
+        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._loop, name="minserve-engine", daemon=True)
+
+    # --- the handler side (asyncio thread) ---
+
+    def start(self) -> AsyncEngine:
+        if not self._thread.is_alive():
+            self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join()
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests accepted and not yet finished or aborted."""
+        return self._in_flight
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
+
+    async def submit(
+        self,
+        prompts: list[tuple[str | None, list[int]]],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> RequestStream:
+        """Queue one engine request per (text, token ids); raise at once if any is refused."""
+        if not self.is_running:
+            raise EngineStoppedError("the engine loop is not running")
+        self._reserve(len(prompts))
+        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
+        prefix = f"req-{next(self._ids)}"
+        adds = [
+            _Add(f"{prefix}-{i}", text, ids, params, priority, sink, time.monotonic())
+            for i, (text, ids) in enumerate(prompts)
+        ]
+        for add in adds:
+            self._inbox.put(add)
+        stream = RequestStream(self, [a.request_id for a in adds], sink)
+        try:
+            results = await asyncio.gather(
+                *(asyncio.wrap_future(a.accepted) for a in adds), return_exceptions=True
+            )
+        except BaseException:  # cancelled while waiting (the client left): drop them
+            stream.abort()
+            raise
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            stream.abort()
+            raise errors[0]
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def _reserve(self, count: int) -> None:
+        with self._lock:
+            if self._in_flight + count > self.capacity:
+                raise EngineOverloadedError(
+                    f"server is overloaded: {self._in_flight} requests in flight, at most "
+                    f"{self.capacity} (max_num_seqs + max_queued); retry later"
+                )
+            self._in_flight += count
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    # --- the engine thread ---
+
+    def _loop(self) -> None:
+        while True:
+            for command in self._commands(wait=not self.engine.has_unfinished_requests()):
+                if command is _STOP:
+                    self._fail_all(EngineStoppedError("the server is shutting down"))
+                    return
+                self._apply(command)
+            if self.engine.has_unfinished_requests():
+                self._step()
+            self.stats = self.engine.get_metrics()
+            self.metrics.set_engine_stats(self.stats)
+
+    def _commands(self, wait: bool) -> list:
+        commands = [self._inbox.get()] if wait else []
+        while not self._inbox.empty():
+            commands.append(self._inbox.get_nowait())
+        return commands
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            if self._sinks.pop(command.request_id, None) is not None:
+                self.engine.abort_request(command.request_id)
+                self.metrics.forget(command.request_id)
+                self._release()
+            return
+        try:
+            self.engine.add_request(
+                command.request_id, command.prompt, command.prompt_token_ids,
+                command.params, command.priority,
+            )  # fmt: skip
+        except Exception as error:  # bad prompt: the handler answers 400
+            self._release()
+            command.accepted.set_exception(error)
+            return
+        self._sinks[command.request_id] = command.sink
+        self.metrics.arrived(command.request_id, command.arrival)
+        command.accepted.set_result(None)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as error:  # keep serving: fail the requests in flight, not the server
+            self._fail_all(error)
+            return
+        now = time.monotonic()
+        for output in outputs:
+            self.metrics.observe(output, now)
+            sink = self._sinks.get(output.request_id)
+            if sink is None:
+                continue
+            if output.finished:
+                del self._sinks[output.request_id]
+                self._release()
+            sink.put(output)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id, sink in self._sinks.items():
+            self.engine.abort_request(request_id)
+            self.metrics.forget(request_id)
+            self._release()
+            sink.put(error)
+        self._sinks.clear()

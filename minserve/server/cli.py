@@ -1,0 +1,69 @@
+"""`minserve serve`: the engine's options as flags (vLLM's names), then uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from minserve.config import SCHEDULING_POLICIES
+
+
+def add_serve_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("serve", help="serve the OpenAI API (completions, chat, streaming)")
+    p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
+    p.add_argument("--served-model-name", default=None, help="default: the model's file name")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: budget)")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV pool budget")
+    p.add_argument("--swap-space", type=float, default=0.0, help="GiB of host swap for KV")
+    p.add_argument("--enable-prefix-caching", action="store_true", help="radix prefix cache")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--max-queued-requests", type=int, default=256,
+                   help="requests accepted beyond max-num-seqs; more get 503")  # fmt: skip
+    p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies: 413")
+    p.set_defaults(run=_serve)
+
+
+def served_name(loaded_path: Path) -> str:
+    """The name clients pass as `model`: the file's stem or the folder's name."""
+    return loaded_path.stem if loaded_path.is_file() else loaded_path.name
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from minserve.llm import LLM
+    from minserve.server.app import build_server
+    from minserve.server.serving import ServerConfig
+
+    llm = LLM(
+        model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+        block_size=args.block_size, num_blocks=args.num_blocks,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes, swap_space=args.swap_space,
+        enable_prefix_caching=args.enable_prefix_caching,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        scheduling_policy=args.scheduling_policy, attention_backend=args.attention_backend,
+    )  # fmt: skip
+    config = ServerConfig(
+        model_name=args.served_model_name or served_name(llm.loaded.path),
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+        scheduling_policy=args.scheduling_policy,
+    )
+    server = build_server(llm, config, args.max_queued_requests).start()
+    print(f"minserve: serving {config.model_name!r} on http://{args.host}:{args.port}/v1")
+    try:
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
+    finally:
+        server.shutdown()
+    return 0

@@ -1,0 +1,116 @@
+"""Prometheus metrics for `GET /metrics`, with vLLM's names under the `minserve:` prefix.
+
+Latencies are histograms observed by the engine thread as tokens come out:
+
+    TTFT  first token time - arrival (the HTTP request reached the server)
+    ITL   gap between two consecutive outputs of one request (one engine step apart)
+    TPOT  (finish - first token) / (output tokens - 1): the decode speed a user sees
+    E2E   finish - arrival
+
+Engine gauges and counters (running, waiting, KV usage, preemptions, tokens) are read
+from the engine's latest `get_metrics()` snapshot when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from minserve.outputs import RequestOutput
+
+PREFIX = "minserve:"
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+# engine stat -> (metric, help); gauges are read as they are, counters are totals
+GAUGES = {
+    "num_requests_running": ("num_requests_running", "Requests in the running batch"),
+    "num_requests_waiting": ("num_requests_waiting", "Requests waiting to be scheduled"),
+    "num_requests_swapped": ("num_requests_swapped", "Requests swapped out to host memory"),
+    "kv_cache_usage": ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)"),
+    "num_free_blocks": ("kv_cache_free_blocks", "KV-cache blocks free"),
+    "num_blocks": ("kv_cache_total_blocks", "KV-cache blocks in the pool"),
+}
+COUNTERS = {
+    "num_preemptions": ("num_preemptions", "Sequences preempted (recompute or swap)"),
+    "prompt_tokens": ("prompt_tokens", "Prompt tokens received"),
+    "generation_tokens": ("generation_tokens", "Tokens generated"),
+    "num_requests_finished": ("request_success", "Requests finished"),
+    "num_requests_aborted": ("request_aborted", "Requests aborted (client left, or failed)"),
+    "num_steps": ("engine_steps", "Engine steps run"),
+    "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+    "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+}
+
+
+@dataclass
+class _Timing:
+    arrival: float
+    first: float | None = None
+    last: float | None = None
+
+
+class _EngineCollector(Collector):
+    """Engine gauges and counters from the latest snapshot, at scrape time."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for key, (name, text) in GAUGES.items():
+            yield GaugeMetricFamily(PREFIX + name, text, value=self.stats.get(key, 0))
+        for key, (name, text) in COUNTERS.items():
+            yield CounterMetricFamily(PREFIX + name, text, value=self.stats.get(key, 0))
+
+
+class ServerMetrics:
+    """One server's metrics in its own registry (two servers in a process do not mix)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._engine = _EngineCollector()
+        self.registry.register(self._engine)
+        self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token")
+        self.itl = self._histogram("inter_token_latency_seconds", "Time between two outputs")
+        self.tpot = self._histogram("time_per_output_token_seconds", "Decode time per token")
+        self.e2e = self._histogram("e2e_request_latency_seconds", "Arrival to last token")
+        self._timings: dict[str, _Timing] = {}
+
+    def _histogram(self, name: str, text: str) -> Histogram:
+        return Histogram(PREFIX + name, text, buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition format."""
+        return generate_latest(self.registry)
+
+    def set_engine_stats(self, stats: dict[str, float]) -> None:
+        self._engine.stats = stats
+
+    def arrived(self, request_id: str, arrival: float) -> None:
+        self._timings[request_id] = _Timing(arrival)
+
+    def forget(self, request_id: str) -> None:
+        self._timings.pop(request_id, None)
+
+    def observe(self, output: RequestOutput, now: float) -> None:
+        """A request got new tokens at `now` (time.monotonic)."""
+        timing = self._timings.get(output.request_id)
+        if timing is None:
+            return
+        if timing.first is None:
+            timing.first = now
+            self.ttft.observe(now - timing.arrival)
+        else:
+            self.itl.observe(now - timing.last)
+        timing.last = now
+        if output.finished:
+            del self._timings[output.request_id]
+            self.e2e.observe(now - timing.arrival)
+            longest = max(len(c.token_ids) for c in output.outputs)
+            if longest > 1:
+                self.tpot.observe((now - timing.first) / (longest - 1))

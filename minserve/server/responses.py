@@ -1,0 +1,120 @@
+"""Response bodies in OpenAI's shapes: whole responses, streamed chunks, usage, logprobs.
+
+Completions and chat differ only in how one choice is written (`text` or a `message`,
+and their logprob formats), so each is a small `ChoiceFormat` and the rest is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from minserve.model.tokenizer import Tokenizer
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def sse(payload: dict | str) -> str:
+    """One server-sent event: `data: <json>` and a blank line."""
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """New output of one choice since the last chunk (or all of it, when not streaming)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+
+
+class ChoiceFormat:
+    """How a choice reads in one endpoint; subclasses fill in the endpoint's shape."""
+
+    object: str
+    chunk_object: str
+
+    def __init__(self, tokenizer: Tokenizer, top_logprobs: int) -> None:
+        self.tokenizer, self.top_logprobs = tokenizer, top_logprobs
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def choice(self, piece: Piece) -> dict:
+        raise NotImplementedError
+
+    def chunk_choice(self, piece: Piece, first: bool) -> dict:
+        raise NotImplementedError
+
+    def body(self, response_id: str, model: str, object_: str, **fields) -> dict:
+        return {"id": response_id, "object": object_, "created": int(time.time()),
+                "model": model, **fields}  # fmt: skip
+
+
+class CompletionFormat(ChoiceFormat):
+    """/v1/completions: `text`, legacy logprobs (tokens, token_logprobs, top_logprobs)."""
+
+    object, chunk_object = "text_completion", "text_completion"
+
+    def choice(self, piece: Piece) -> dict:
+        return {"index": piece.index, "text": piece.text, "logprobs": self.logprobs(piece),
+                "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}  # fmt: skip
+
+    def chunk_choice(self, piece: Piece, first: bool) -> dict:
+        return {"index": piece.index, "text": piece.text, "logprobs": self.logprobs(piece),
+                "finish_reason": piece.finish_reason}  # fmt: skip
+
+    def logprobs(self, piece: Piece) -> dict | None:
+        if piece.logprobs is None:
+            return None
+        tokens = [self.token_text(t) for t in piece.token_ids]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp[t] for t, lp in zip(piece.token_ids, piece.logprobs)],
+            "top_logprobs": [
+                {self.token_text(t): v for t, v in sorted(lp.items(), key=lambda kv: -kv[1])}
+                for lp in piece.logprobs
+            ],
+            "text_offset": offsets,
+        }
+
+
+class ChatFormat(ChoiceFormat):
+    """/v1/chat/completions: an assistant `message` (or `delta`), logprobs per content token."""
+
+    object, chunk_object = "chat.completion", "chat.completion.chunk"
+
+    def choice(self, piece: Piece) -> dict:
+        message = {"role": "assistant", "content": piece.text}
+        return {"index": piece.index, "message": message, "logprobs": self.logprobs(piece),
+                "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}  # fmt: skip
+
+    def chunk_choice(self, piece: Piece, first: bool) -> dict:
+        delta = {"role": "assistant", "content": piece.text} if first else {"content": piece.text}
+        return {"index": piece.index, "delta": delta, "logprobs": self.logprobs(piece),
+                "finish_reason": piece.finish_reason}  # fmt: skip
+
+    def logprobs(self, piece: Piece) -> dict | None:
+        if piece.logprobs is None:
+            return None
+        return {"content": [self._entry(t, lp) for t, lp in zip(piece.token_ids, piece.logprobs)]}
+
+    def _entry(self, token_id: int, logprobs: dict[int, float]) -> dict:
+        top = sorted(logprobs.items(), key=lambda kv: -kv[1])[: self.top_logprobs]
+        return {**self._token(token_id, logprobs[token_id]),
+                "top_logprobs": [self._token(t, v) for t, v in top]}  # fmt: skip
+
+    def _token(self, token_id: int, logprob: float) -> dict:
+        text = self.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}

@@ -1,0 +1,173 @@
+"""The two generation endpoints: parse, check, submit to the engine, answer or stream.
+
+    body -> pydantic model -> SamplingParams + prompt token ids -> AsyncEngine.submit
+         -> whole response (JSON with usage)  or  SSE chunks, [usage chunk], [DONE]
+
+A client that goes away cancels its engine requests: the stream's `finally` aborts them,
+and a non-streaming handler polls for the disconnect while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from minserve.errors import PromptTooLongError
+from minserve.model.tokenizer import Tokenizer
+from minserve.sampling_params import SamplingParams
+from minserve.scheduler.policy import priority_value
+from minserve.server.async_engine import (
+    AsyncEngine,
+    EngineOverloadedError,
+    EngineStoppedError,
+    RequestStream,
+)
+from minserve.server.errors import APIError, check_api_key, from_validation, read_json_body
+from minserve.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
+from minserve.server.responses import ChatFormat, ChoiceFormat, CompletionFormat, sse, usage
+from minserve.server.streaming import DeltaTracker, whole_pieces
+
+Prompt = tuple[str | None, list[int]]  # (text if given as text, token ids)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the HTTP layer enforces on top of the engine's own limits."""
+
+    model_name: str
+    api_key: str | None = None
+    max_request_bytes: int = 1 << 20  # 1 MiB of JSON
+    scheduling_policy: str = "fcfs"
+    disconnect_poll_s: float = 0.1  # how often a non-streaming handler checks its client
+
+
+class OpenAIServing:
+    """Handlers for /v1/completions and /v1/chat/completions over one `AsyncEngine`."""
+
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig) -> None:
+        self.engine, self.tokenizer, self.config = engine, tokenizer, config
+
+    async def completions(self, request: Request) -> Response:
+        body = await self._parse(request, CompletionRequest)
+        prompts = [self._tokenize(p) for p in _as_api_error(body.prompts, "prompt")]
+        fmt = CompletionFormat(self.tokenizer, body.logprobs or 0)
+        return await self._serve(request, body, prompts, fmt, "cmpl")
+
+    async def chat(self, request: Request) -> Response:
+        body = await self._parse(request, ChatCompletionRequest)
+        messages = [m.as_template_message() for m in body.messages]
+        text = _as_api_error(lambda: self.tokenizer.apply_chat_template(messages), "messages")
+        fmt = ChatFormat(self.tokenizer, body.top_logprobs or 0)
+        return await self._serve(request, body, [self._tokenize(text)], fmt, "chatcmpl")
+
+    async def _parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
+        check_api_key(request, self.config.api_key)
+        raw = await read_json_body(request, self.config.max_request_bytes)
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as error:
+            raise from_validation(error) from error
+
+    def _tokenize(self, prompt: str | list[int]) -> Prompt:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)  # as LLM.generate and LLM.chat do
+        return None, list(prompt)
+
+    async def _serve(
+        self, request: Request, body: _SamplingRequest, prompts: list[Prompt],
+        fmt: ChoiceFormat, kind: str,
+    ) -> Response:  # fmt: skip
+        self._check_model(body.model)
+        params = _as_api_error(body.sampling_params, None)
+        stream = await self._submit(prompts, params, self._priority(body.priority))
+        response_id = f"{kind}-{uuid.uuid4().hex}"
+        model = self.config.model_name
+        if body.stream:
+            events = _events(stream, DeltaTracker(params.n), fmt, response_id, model, body)
+            return StreamingResponse(events, media_type="text/event-stream")
+        tracker = DeltaTracker(params.n)
+        finished = await self._wait_unless_disconnected(request, _drain(stream, tracker))
+        if not finished:
+            return Response(status_code=499)  # nobody is listening; nginx's "client closed"
+        choices = [fmt.choice(p) for p in whole_pieces(tracker.latest, params.n)]
+        counts = usage(tracker.prompt_tokens(), tracker.completion_tokens())
+        return JSONResponse(fmt.body(response_id, model, fmt.object, choices=choices, usage=counts))
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.config.model_name:
+            raise APIError(
+                404, f"the model {name!r} does not exist; this server serves "
+                f"{self.config.model_name!r}", param="model", code="model_not_found",
+            )  # fmt: skip
+
+    def _priority(self, value: int | str | None) -> int:
+        if value is None:
+            return 0
+        if self.config.scheduling_policy != "priority":
+            raise APIError(
+                400, "priority needs a server started with --scheduling-policy priority",
+                param="priority",
+            )  # fmt: skip
+        return _as_api_error(lambda: priority_value(value), "priority")
+
+    async def _submit(self, prompts: list[Prompt], params: SamplingParams, priority: int):
+        try:
+            return await self.engine.submit(prompts, params, priority)
+        except PromptTooLongError as e:
+            raise APIError(400, str(e), param="prompt", code="context_length_exceeded") from e
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt") from e
+        except (EngineOverloadedError, EngineStoppedError) as e:
+            raise APIError(503, str(e), code="server_overloaded") from e
+
+    async def _wait_unless_disconnected(self, request: Request, work: asyncio.Future) -> bool:
+        task = asyncio.ensure_future(work)
+        while not task.done():
+            await asyncio.wait({task}, timeout=self.config.disconnect_poll_s)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()  # _drain's finally aborts the engine requests
+                return False
+        task.result()  # re-raise an engine failure
+        return True
+
+
+async def _drain(stream: RequestStream, tracker: DeltaTracker) -> None:
+    try:
+        async for prompt_index, output in stream:
+            tracker.latest[prompt_index] = output
+    finally:
+        stream.abort()
+
+
+async def _events(
+    stream: RequestStream, tracker: DeltaTracker, fmt: ChoiceFormat, response_id: str,
+    model: str, body: _SamplingRequest,
+) -> AsyncIterator[str]:  # fmt: skip
+    """SSE chunks; the final usage chunk (stream_options.include_usage) has no choices."""
+    try:
+        async for prompt_index, output in stream:
+            for piece, first in tracker.update(prompt_index, output):
+                choice = fmt.chunk_choice(piece, first)
+                yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[choice]))
+        if body.include_usage:
+            counts = usage(tracker.prompt_tokens(), tracker.completion_tokens())
+            yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[], usage=counts))
+    except Exception as error:  # headers are sent: report in-band, as OpenAI does
+        yield sse(APIError(500, f"generation failed: {error}").body())
+    finally:
+        stream.abort()  # no-op when finished; frees the blocks when the client left
+    yield sse("[DONE]")
+
+
+def _as_api_error(make, param: str | None):
+    """Call `make()`; a ValueError or TypeError it raises becomes a 400 naming `param`."""
+    try:
+        return make()
+    except (ValueError, TypeError) as error:
+        raise APIError(400, str(error), param=param) from error

@@ -1,0 +1,80 @@
+"""From cumulative engine outputs to what a client has not seen yet.
+
+The engine reports each request's whole output so far; a stream sends only the new part.
+`DeltaTracker` remembers, per choice, how much text and how many tokens were sent.
+Text held back by the detokenizer (half a UTF-8 character, a possible stop string) makes a
+step with tokens but no text: its tokens ride along with the next piece that has text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minserve.outputs import CompletionOutput, RequestOutput
+from minserve.server.responses import Piece
+
+
+@dataclass
+class _Sent:
+    chars: int = 0
+    tokens: int = 0
+    finished: bool = False
+    started: bool = False
+
+
+class DeltaTracker:
+    """New pieces of every choice; choice index = prompt index * n + sample index."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._sent: dict[int, _Sent] = {}
+        self.latest: dict[int, RequestOutput] = {}  # prompt index -> its newest output
+
+    def update(self, prompt_index: int, output: RequestOutput) -> list[tuple[Piece, bool]]:
+        """(piece, is the choice's first piece) for every choice with something new."""
+        self.latest[prompt_index] = output
+        pieces = []
+        for completion in output.outputs:
+            index = prompt_index * self.n + completion.index
+            sent = self._sent.setdefault(index, _Sent())
+            piece = _new_piece(index, completion, sent)
+            if piece is not None:
+                pieces.append((piece, not sent.started))
+                sent.started = True
+        return pieces
+
+    def completion_tokens(self) -> int:
+        return sum(len(c.token_ids) for out in self.latest.values() for c in out.outputs)
+
+    def prompt_tokens(self) -> int:
+        return sum(len(out.prompt_token_ids) for out in self.latest.values())
+
+
+def _new_piece(index: int, completion: CompletionOutput, sent: _Sent) -> Piece | None:
+    if sent.finished:
+        return None
+    text = completion.text[sent.chars :]
+    finishing = completion.finish_reason is not None
+    if not text and not finishing:
+        return None
+    logprobs = completion.logprobs
+    piece = Piece(
+        index=index,
+        text=text,
+        token_ids=completion.token_ids[sent.tokens :],
+        logprobs=None if logprobs is None else logprobs[sent.tokens :],
+        finish_reason=completion.finish_reason,
+        stop_reason=completion.stop_reason,
+    )
+    sent.chars, sent.tokens = len(completion.text), len(completion.token_ids)
+    sent.finished = finishing
+    return piece
+
+
+def whole_pieces(outputs: dict[int, RequestOutput], n: int) -> list[Piece]:
+    """Every choice complete, in index order (a non-streaming response)."""
+    return [
+        Piece(p * n + c.index, c.text, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason)
+        for p in sorted(outputs)
+        for c in outputs[p].outputs
+    ]

@@ -1,0 +1,100 @@
+# Generated from minserve/distributed/layers.py by `python -m minserve.course.generate`;
+# edit the marked regions there, not here.
+"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers.
+
+Megatron-LM splits a linear layer over N ranks by its output features (column-
+parallel: no communication) or by its input features (row-parallel: one
+all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather).
+"""
+
+import torch
+import torch.nn.functional as F  # noqa: F401  (your code will want it)
+from torch import nn
+
+from minserve.distributed.comm import Communicator
+from minserve.distributed.layers import even_split, meta_parameter
+
+
+# Exercise 7.1: column-parallel linear
+class ColumnParallelLinear(nn.Module):
+    """y[:, rows] = x W[rows]^T + b[rows]: this rank's block of output features.
+
+    `rows` are the output features this rank owns (default: its even share). With
+    `gather_output`, the slices of every rank are concatenated so each rank returns the
+    whole y; without it (the usual case), the slice goes on to a row-parallel layer.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        comm: Communicator,
+        bias: bool = True,
+        gather_output: bool = False,
+        rows: range | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.comm = comm
+        self.gather_output = gather_output
+        self.rows = (
+            rows if rows is not None else even_split(out_features, comm.rank, comm.world_size)
+        )
+        self.weight = meta_parameter((len(self.rows), in_features), dtype)  # [out_local, in]
+        self.bias = meta_parameter((len(self.rows),), dtype) if bias else None  # [out_local]
+
+    def shard(self, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The full weight [out, in] (and bias [out]) -> this rank's {"weight", "bias"}."""
+        shard = {"weight": weight[self.rows.start : self.rows.stop]}  # [out_local, in]
+        if bias is not None:
+            shard["bias"] = bias[self.rows.start : self.rows.stop]  # [out_local]
+        return shard
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] -> [T, out_local], or [T, out] with gather_output."""
+        y = F.linear(x, self.weight, self.bias)  # [T, out_local]
+        return self.comm.all_gather(y) if self.gather_output else y
+
+
+# Exercise 7.2: row-parallel linear
+class RowParallelLinear(nn.Module):
+    """y = sum over ranks of x[:, cols] W[:, cols]^T, then + b: one all-reduce.
+
+    `cols` are the input features this rank owns (default: its even share). With
+    `input_is_parallel` (the usual case) x is already this rank's slice [T, in_local],
+    as a column-parallel layer produced it; otherwise x is whole and is sliced here.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        comm: Communicator,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        cols: range | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.comm = comm
+        self.input_is_parallel = input_is_parallel
+        self.cols = (
+            cols if cols is not None else even_split(in_features, comm.rank, comm.world_size)
+        )
+        self.weight = meta_parameter((out_features, len(self.cols)), dtype)  # [out, in_local]
+        self.bias = meta_parameter((out_features,), dtype) if bias else None  # [out], replicated
+
+    def shard(self, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The full weight [out, in] (and bias [out]) -> this rank's {"weight", "bias"}."""
+        shard = {"weight": weight[:, self.cols.start : self.cols.stop]}  # [out, in_local]
+        if bias is not None:
+            shard["bias"] = bias  # every rank keeps it; it is added once, after the sum
+        return shard
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in_local] (or [T, in] without input_is_parallel) -> the full y [T, out]."""
+        if not self.input_is_parallel:
+            x = x[..., self.cols.start : self.cols.stop]  # [T, in_local]
+        partial = F.linear(x, self.weight)  # [T, out]: this rank's share of the sum
+        y = self.comm.all_reduce(partial)
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,179 @@
+"""Property tests of the prefix cache inside the KV cache manager (Hypothesis state machine).
+
+Random requests start (reusing cached prefixes), grow, fork, finish, and the cache is
+evicted at random, over a pool of 12 blocks of 2 tokens and prompts over a 2-token
+alphabet, so that sharing, splits and shortages are frequent. A shadow model records which
+tokens' KV each block holds; after every step:
+
+- the tree's counters equal what its nodes hold, and lock counts equal the tables using them;
+- every block's reference count is the tree's reference plus one per table holding it;
+- every cached path and every table's full blocks hold exactly their tokens' KV;
+- no block leaks: free + in use = the pool, and a drained engine frees everything.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from minserve.kvcache import BlockAllocator, BlockTable, PagedKVPool
+from minserve.kvcache.manager import KVCacheManager
+from minserve.kvcache.radix_cache import RadixCache, RadixNode
+from minserve.model.config import ModelConfig
+
+BS, NUM_BLOCKS = 2, 12
+TINY = ModelConfig(
+    architecture="llama",
+    vocab_size=8,
+    hidden_size=4,
+    intermediate_size=8,
+    num_layers=1,
+    num_heads=1,
+    num_kv_heads=1,
+    head_dim=4,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+)
+tokens = st.lists(st.integers(1, 2), min_size=1, max_size=9)
+
+
+def _nodes(root: RadixNode) -> list[RadixNode]:
+    nodes, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.children.values())
+    return nodes
+
+
+def _path_tokens(node: RadixNode) -> tuple[int, ...]:
+    edges = []
+    while node.parent is not None:
+        edges.append(node.key)
+        node = node.parent
+    return tuple(t for key in reversed(edges) for t in key)
+
+
+class PrefixCacheMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        allocator = BlockAllocator(NUM_BLOCKS)
+        pool = PagedKVPool(TINY, NUM_BLOCKS, BS, torch.float32, "cpu")
+        self.cache = RadixCache(BS, allocator)
+        self.kv = KVCacheManager(allocator, pool, prefix_cache=self.cache)
+        self.tables: list[tuple[BlockTable, list[int]]] = []  # running requests, their tokens
+        self.content: dict[int, tuple[int, ...]] = {}  # block -> the tokens whose KV it holds
+
+    def _compute(self, table: BlockTable, ids: list[int], count: int) -> bool:
+        """Grow `table` by `count` tokens of `ids` (writing their KV), then cache full blocks."""
+        if not self.kv.can_append(table, count):
+            return False
+        first = table.num_tokens
+        self.kv.append(table, count)
+        cached = {b for n in _nodes(self.cache.root) for b in n.blocks}  # cached as scheduled
+        for j in range(first // BS, len(table.blocks)):
+            block = table.blocks[j]
+            others = self.kv.allocator.refcount(block) - 1 - (block in cached)
+            assert others == 0, "wrote into a block another table holds"
+            self.content[block] = tuple(ids[: min((j + 1) * BS, table.num_tokens)])
+        self.kv.cache_computed(table, ids, table.num_tokens)
+        return True
+
+    @rule(prompt=tokens)
+    def start_request(self, prompt: list[int]) -> None:
+        table = self.kv.new_table()
+        cached = self.kv.reuse_prefix(table, prompt)
+        assert cached % BS == 0 and cached < len(prompt)
+        for j, block in enumerate(table.blocks):  # a hit must be the prompt's own KV
+            assert self.content[block] == tuple(prompt[: (j + 1) * BS])
+        if self._compute(table, prompt, len(prompt) - cached):
+            self.tables.append((table, list(prompt)))
+        else:
+            self.kv.free(table)
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data(), extra=tokens)
+    def grow_request(self, data: st.DataObject, extra: list[int]) -> None:
+        table, ids = data.draw(st.sampled_from(self.tables))
+        ids += extra  # the list is shared with self.tables
+        if not self._compute(table, ids, len(extra)):
+            del ids[len(ids) - len(extra) :]
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data())
+    def fork_request(self, data: st.DataObject) -> None:
+        table, ids = data.draw(st.sampled_from(self.tables))
+        self.tables.append((self.kv.fork(table), list(ids)))
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data())
+    def finish_request(self, data: st.DataObject) -> None:
+        entry = data.draw(st.sampled_from(self.tables))
+        self.tables.remove(entry)
+        self.kv.free(entry[0])
+
+    @rule(count=st.integers(0, NUM_BLOCKS))
+    def evict(self, count: int) -> None:
+        before = self.cache.num_evictable_blocks
+        freed = self.cache.evict(count)
+        assert freed == min(count, before)
+
+    @rule()
+    def drain(self) -> None:
+        """Every request ends and the cache is emptied: the whole pool is free again."""
+        for table, _ in self.tables:
+            self.kv.free(table)
+        self.tables = []
+        cached = self.cache.num_cached_blocks
+        assert self.cache.evict(NUM_BLOCKS) == cached  # nothing is locked any more
+        assert self.cache.num_cached_blocks == 0
+        assert self.kv.allocator.num_free == NUM_BLOCKS
+
+    @invariant()
+    def counters_match_the_tree(self) -> None:
+        nodes = _nodes(self.cache.root)
+        assert self.cache.num_cached_blocks == sum(len(n.blocks) for n in nodes)
+        unlocked = sum(len(n.blocks) for n in nodes if n.lock_ref == 0)
+        assert self.cache.num_evictable_blocks == unlocked
+
+    @invariant()
+    def lock_counts_match_the_tables_using_them(self) -> None:
+        held = Counter()
+        for table, _ in self.tables:
+            node = self.kv.prefix.held_node(table)
+            while node is not None:
+                held[node] += 1
+                node = node.parent
+        for node in _nodes(self.cache.root):
+            assert node.lock_ref == held[node] + (node is self.cache.root)
+
+    @invariant()
+    def reference_counts_match_the_allocator(self) -> None:
+        users = Counter(b for n in _nodes(self.cache.root) for b in n.blocks)
+        users.update(b for table, _ in self.tables for b in table.blocks)
+        allocator = self.kv.allocator
+        assert all(allocator.refcount(b) == users[b] for b in range(NUM_BLOCKS))
+        assert allocator.num_free + len(users) == NUM_BLOCKS  # nothing leaks
+
+    @invariant()
+    def cached_and_held_blocks_hold_their_tokens(self) -> None:
+        for node in _nodes(self.cache.root):
+            path = _path_tokens(node)
+            start = len(path) - len(node.key)
+            for i, block in enumerate(node.blocks):
+                assert self.content[block] == path[: start + (i + 1) * BS]
+        for table, ids in self.tables:
+            for j in range(table.num_tokens // BS):
+                assert self.content[table.blocks[j]] == tuple(ids[: (j + 1) * BS])
+
+
+PrefixCacheMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=30, deadline=None
+)
+test_prefix_cache_state_machine = PrefixCacheMachine.TestCase
