@@ -21,6 +21,7 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     swap_space: float = 0.0  # GiB of host memory for preempted sequences' blocks (0: recompute)
     enable_prefix_caching: bool = False  # keep computed prompt blocks in a radix tree for reuse
+    kv_offloading_size: float = 0.0  # GiB of host memory for evicted cached blocks (0: drop them)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -35,6 +36,15 @@ class CacheConfig:
             )
         if self.swap_space < 0:
             raise ValueError(f"swap_space (GiB) must be >= 0, got {self.swap_space}")
+        if self.kv_offloading_size < 0:
+            raise ValueError(
+                f"kv_offloading_size (GiB) must be >= 0, got {self.kv_offloading_size}"
+            )
+        if self.kv_offloading_size > 0 and not self.enable_prefix_caching:
+            raise ValueError(
+                "kv_offloading_size keeps evicted prefix-cache blocks in host memory; "
+                "it needs enable_prefix_caching=True"
+            )
 
 
 @dataclass(frozen=True)

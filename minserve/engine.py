@@ -20,10 +20,11 @@ import torch
 from minserve.attention.backends import get_attention_backend
 from minserve.config import CacheConfig, SchedulerConfig
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.host_tier import HostPrefixTier, TierCosts
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.radix_cache import RadixCache
-from minserve.kvcache.swap import HostSwapSpace
+from minserve.kvcache.swap import GIB, HostSwapSpace
 from minserve.model.loader import LoadedModel
 from minserve.model.runner import ModelRunner
 from minserve.model.sampler import Sampler
@@ -82,12 +83,15 @@ class LLMEngine:
         )
         swap = HostSwapSpace.from_config(cache_config) if cache_config.swap_space > 0 else None
         allocator = block_allocator_cls(num_blocks)
+        if prefix_cache_cls is not RadixCache and not cache_config.enable_prefix_caching:
+            raise ValueError("prefix_cache_cls is used only with enable_prefix_caching=True")
         prefix_cache = (
             prefix_cache_cls(pool.block_size, allocator)
             if cache_config.enable_prefix_caching
             else None
         )
-        self.kv = KVCacheManager(allocator, pool, swap, prefix_cache)
+        host_tier = _host_tier(cache_config, pool, loaded) if prefix_cache else None
+        self.kv = KVCacheManager(allocator, pool, swap, prefix_cache, host_tier)
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
             caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
@@ -274,6 +278,7 @@ class LLMEngine:
         queries, hits = self.counters.num_prefix_cache_queries, self.counters.num_prefix_cache_hits
         cache = self.kv.prefix_cache
         stats = self.kv.prefix.stats if self.kv.prefix else None
+        host = self.kv.prefix.host if self.kv.prefix else None
         return {
             "prefix_cache_queries": queries,
             "prefix_cache_hits": hits,
@@ -281,7 +286,21 @@ class LLMEngine:
             "prefix_cache_blocks": cache.num_cached_blocks if cache else 0,
             "prefix_cache_evicted_blocks": stats.evicted_blocks if stats else 0,
             "prefix_cache_upkeep_seconds": stats.upkeep_seconds if stats else 0.0,
+            "prefix_cache_promoted_blocks": stats.promoted_blocks if stats else 0,
+            "host_tier_bytes_out": host.bytes_demoted if host else 0,
+            "host_tier_bytes_in": host.bytes_promoted if host else 0,
         }
+
+
+def _host_tier(
+    cache_config: CacheConfig, pool: PagedKVPool, loaded: LoadedModel
+) -> HostPrefixTier | None:
+    """The prefix cache's host tier, sized by `kv_offloading_size` (GiB), with measured costs."""
+    if cache_config.kv_offloading_size <= 0:
+        return None
+    capacity = max(1, int(cache_config.kv_offloading_size * GIB) // pool.block_nbytes)
+    num_params = sum(p.numel() for p in loaded.model.parameters())
+    return HostPrefixTier(capacity, pool, TierCosts.measure(pool, num_params))
 
 
 def _max_model_len(requested: int | None, model_limit: int, caps: dict[str, int]) -> int:

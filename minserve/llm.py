@@ -39,6 +39,8 @@ class LLM:
     loaded again (leave dtype and device as "auto" then). dtype: "auto" (fp32 on CPU,
     bf16 on GPU), "float32", "bfloat16" or "float16". The other options are vLLM's (see
     docs/engine.md); engine="reference" runs the contiguous-KV reference path instead (the oracle).
+    tensor_parallel_size=N splits the model over N processes (docs/distributed.md); call
+    `shutdown()` when done.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class LLM:
         kv_cache_memory_bytes: int | None = None,
         swap_space: float = 0.0,
         enable_prefix_caching: bool = False,
+        kv_offloading_size: float = 0.0,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         enable_chunked_prefill: bool = True,
@@ -67,8 +70,9 @@ class LLM:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         cache = CacheConfig(
-            block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching
-        )
+            block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching,
+            kv_offloading_size,
+        )  # fmt: skip
         scheduler = SchedulerConfig(
             max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy
         )

@@ -89,6 +89,16 @@ def test_greedy_equals_reference_with_the_cache_on(
     assert_only_cached_blocks_remain(llm.engine)
 
 
+def test_greedy_equals_reference_with_the_triton_backend(tiny_model, workload, expected) -> None:
+    """Caching blocks as they are scheduled relies on a step storing all its KV before any
+    attention reads it: the Triton kernels (interpreted here) do, like the torch backend."""
+    llm = cached_llm(tiny_model, attention_backend="triton", block_size=4, num_blocks=64)
+    prompts, params = workload  # the first 6 are admitted together, in one step
+    outputs = llm.generate(prompts[:6], params[:6], use_tqdm=False)
+    assert token_ids(outputs) == expected[:6]
+    assert sum(o.num_cached_tokens for o in outputs) > 0
+
+
 def test_greedy_equals_reference_under_eviction_and_preemption(
     tiny_model, workload, expected
 ) -> None:
@@ -185,3 +195,14 @@ def test_smollm2_chat_with_a_shared_system_prompt_equals_reference(smollm_gguf) 
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert token_ids(outputs) == expected
     assert outputs[0].num_cached_tokens == 0 and min(o.num_cached_tokens for o in outputs[1:]) >= 16
+
+
+def test_prefix_cache_options_without_the_cache_are_refused(tiny_model) -> None:
+    import solutions.ch05_radix_cache as student
+
+    with pytest.raises(ValueError, match="kv_offloading_size .* needs enable_prefix_caching=True"):
+        LLM(tiny_model("llama"), num_blocks=8, kv_offloading_size=1.0)
+    with pytest.raises(ValueError, match="prefix_cache_cls is used only with enable_prefix_cach"):
+        LLM(tiny_model("llama"), num_blocks=8, prefix_cache_cls=student.RadixCache)
+    with pytest.raises(ValueError, match="'lpm' ranks requests by their cached prefix"):
+        LLM(tiny_model("llama"), num_blocks=8, scheduling_policy="lpm")

@@ -2,13 +2,17 @@
 
 Random requests start (reusing cached prefixes), grow, fork, finish, and the cache is
 evicted at random, over a pool of 12 blocks of 2 tokens and prompts over a 2-token
-alphabet, so that sharing, splits and shortages are frequent. A shadow model records which
-tokens' KV each block holds; after every step:
+alphabet, so that sharing, splits and shortages are frequent. "Computing" a token writes
+into the real pool a value that stands for its KV: a function of the token and all the
+tokens before it. After every step:
 
 - the tree's counters equal what its nodes hold, and lock counts equal the tables using them;
 - every block's reference count is the tree's reference plus one per table holding it;
-- every cached path and every table's full blocks hold exactly their tokens' KV;
+- every cached path and every table's tokens hold exactly their own KV values in the pool;
 - no block leaks: free + in use = the pool, and a drained engine frees everything.
+
+The same machine runs again with a host tier: evicted blocks go to host memory and come
+back on a later hit, and the host copies must hold their prefix's KV values too.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minserve.kvcache import BlockAllocator, BlockTable, PagedKVPool
+from minserve.kvcache.host_tier import HostPrefixTier, TierCosts
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import RadixCache, RadixNode
 from minserve.model.config import ModelConfig
@@ -60,15 +65,34 @@ def _path_tokens(node: RadixNode) -> tuple[int, ...]:
     return tuple(t for key in reversed(edges) for t in key)
 
 
+def kv_value(prefix: list[int] | tuple[int, ...]) -> float:
+    """What stands for the KV of the last token of `prefix` (it depends on all of them)."""
+    return float(hash(tuple(prefix)) % 100_003)
+
+
 class PrefixCacheMachine(RuleBasedStateMachine):
+    host_blocks = 0  # capacity of the host tier (0: none)
+
     def __init__(self) -> None:
         super().__init__()
         allocator = BlockAllocator(NUM_BLOCKS)
-        pool = PagedKVPool(TINY, NUM_BLOCKS, BS, torch.float32, "cpu")
+        self.pool = PagedKVPool(TINY, NUM_BLOCKS, BS, torch.float32, "cpu")
         self.cache = RadixCache(BS, allocator)
-        self.kv = KVCacheManager(allocator, pool, prefix_cache=self.cache)
+        copy_always = TierCosts(copy_bytes_per_s=1e18, prefill_tokens_per_s=1.0)
+        host = (
+            HostPrefixTier(self.host_blocks, self.pool, copy_always) if self.host_blocks else None
+        )
+        self.kv = KVCacheManager(allocator, self.pool, prefix_cache=self.cache, host_tier=host)
         self.tables: list[tuple[BlockTable, list[int]]] = []  # running requests, their tokens
-        self.content: dict[int, tuple[int, ...]] = {}  # block -> the tokens whose KV it holds
+
+    def _stored(self, block: int, offset: int) -> float:
+        return float(self.pool.kv[0, 0, block, offset, 0, 0])
+
+    def _assert_holds(self, blocks: list[int], ids: list[int] | tuple[int, ...], end: int) -> None:
+        """`blocks` (a table's, from position 0) hold the KV values of ids[:end]."""
+        for p in range(end):
+            block, offset = blocks[p // BS], p % BS
+            assert self._stored(block, offset) == kv_value(ids[: p + 1]), f"block {block}"
 
     def _compute(self, table: BlockTable, ids: list[int], count: int) -> bool:
         """Grow `table` by `count` tokens of `ids` (writing their KV), then cache full blocks."""
@@ -77,11 +101,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         first = table.num_tokens
         self.kv.append(table, count)
         cached = {b for n in _nodes(self.cache.root) for b in n.blocks}  # cached as scheduled
-        for j in range(first // BS, len(table.blocks)):
-            block = table.blocks[j]
+        for p in range(first, table.num_tokens):
+            block, offset = divmod(table.slot(p), BS)
             others = self.kv.allocator.refcount(block) - 1 - (block in cached)
             assert others == 0, "wrote into a block another table holds"
-            self.content[block] = tuple(ids[: min((j + 1) * BS, table.num_tokens)])
+            self.pool.kv[0, 0, block, offset, 0, 0] = kv_value(ids[: p + 1])
         self.kv.cache_computed(table, ids, table.num_tokens)
         return True
 
@@ -90,8 +114,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         table = self.kv.new_table()
         cached = self.kv.reuse_prefix(table, prompt)
         assert cached % BS == 0 and cached < len(prompt)
-        for j, block in enumerate(table.blocks):  # a hit must be the prompt's own KV
-            assert self.content[block] == tuple(prompt[: (j + 1) * BS])
+        self._assert_holds(table.blocks, prompt, cached)  # a hit must be the prompt's own KV
         if self._compute(table, prompt, len(prompt) - cached):
             self.tables.append((table, list(prompt)))
         else:
@@ -120,9 +143,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     @rule(count=st.integers(0, NUM_BLOCKS))
     def evict(self, count: int) -> None:
-        before = self.cache.num_evictable_blocks
-        freed = self.cache.evict(count)
-        assert freed == min(count, before)
+        """Ask for `count` more free blocks, as the engine does when the pool runs short."""
+        free, evictable = self.kv.allocator.num_free, self.cache.num_evictable_blocks
+        self.kv.prefix.make_room(free + count)
+        assert self.kv.allocator.num_free == free + min(count, evictable)
 
     @rule()
     def drain(self) -> None:
@@ -130,8 +154,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         for table, _ in self.tables:
             self.kv.free(table)
         self.tables = []
-        cached = self.cache.num_cached_blocks
-        assert self.cache.evict(NUM_BLOCKS) == cached  # nothing is locked any more
+        self.kv.prefix.make_room(NUM_BLOCKS)  # nothing is locked any more
         assert self.cache.num_cached_blocks == 0
         assert self.kv.allocator.num_free == NUM_BLOCKS
 
@@ -167,13 +190,27 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             path = _path_tokens(node)
             start = len(path) - len(node.key)
             for i, block in enumerate(node.blocks):
-                assert self.content[block] == path[: start + (i + 1) * BS]
+                for offset in range(BS):
+                    end = start + i * BS + offset + 1
+                    assert self._stored(block, offset) == kv_value(path[:end])
         for table, ids in self.tables:
-            for j in range(table.num_tokens // BS):
-                assert self.content[table.blocks[j]] == tuple(ids[: (j + 1) * BS])
+            self._assert_holds(table.blocks, ids, table.num_tokens)
+
+    @invariant()
+    def host_copies_hold_their_prefix(self) -> None:
+        host = self.kv.prefix.host
+        for prefix, data in host._blocks.items() if host else ():  # [1, 2, 1, BS, 1, D]
+            for offset in range(BS):
+                end = len(prefix) - BS + offset + 1
+                assert float(data[0, 0, 0, offset, 0, 0]) == kv_value(prefix[:end])
 
 
-PrefixCacheMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=30, deadline=None
-)
+class HostTierMachine(PrefixCacheMachine):
+    host_blocks = 6
+
+
+SETTINGS = settings(max_examples=120, stateful_step_count=30, deadline=None)
+PrefixCacheMachine.TestCase.settings = SETTINGS
+HostTierMachine.TestCase.settings = SETTINGS
 test_prefix_cache_state_machine = PrefixCacheMachine.TestCase
+test_prefix_cache_with_a_host_tier_state_machine = HostTierMachine.TestCase

@@ -13,6 +13,7 @@ from minserve.model.sampler import (
     Sampler,
     SamplingRow,
     apply_penalties,
+    draw_from_logits,
     suppress_stop_tokens,
 )
 from minserve.sampling_params import SamplingParams
@@ -229,3 +230,17 @@ def test_from_module_names_missing_filters() -> None:
 def test_sampling_params_reject_bad_values_naming_the_parameter(params, name) -> None:
     with pytest.raises(ValueError, match=rf"^{name}\b"):
         SamplingParams(**params)
+
+
+def test_inverse_cdf_draw_never_lands_on_a_filtered_token_at_the_edges() -> None:
+    inf = float("-inf")
+    logits = torch.tensor([[inf, 0.0, 1.0, inf], [inf, 0.0, 1.0, inf], [3.0, inf, inf, inf]])
+    almost_one = 1 - 2**-24  # the largest float32 below 1
+    uniforms = torch.tensor([0.0, almost_one, almost_one])
+    assert draw_from_logits(logits, uniforms).tolist() == [1, 2, 0]
+
+
+def test_inverse_cdf_draw_splits_the_unit_interval_by_probability() -> None:
+    logits = torch.tensor([0.0, 0.0, 0.0, 0.0]).log_softmax(-1).expand(4, -1)  # 1/4 each
+    uniforms = torch.tensor([0.1, 0.3, 0.6, 0.9])
+    assert draw_from_logits(logits, uniforms).tolist() == [0, 1, 2, 3]

@@ -87,6 +87,8 @@ class PrefixRun:
     ttft_s: list[float]
     upkeep_s: float
     evicted_blocks: int
+    host_bytes_out: int = 0  # host tier: pool -> host
+    host_bytes_in: int = 0  # host tier: host -> pool
 
     @property
     def hit_rate(self) -> float:
@@ -176,6 +178,8 @@ def _summarize(name: str, engine: LLMEngine, traces: list[StepTrace], ideal: int
         ttft_s=[t.time_to_first_token(r) for t in traces for r in t.outputs],
         upkeep_s=metrics["prefix_cache_upkeep_seconds"],
         evicted_blocks=metrics["prefix_cache_evicted_blocks"],
+        host_bytes_out=metrics["host_tier_bytes_out"],
+        host_bytes_in=metrics["host_tier_bytes_in"],
     )
 
 

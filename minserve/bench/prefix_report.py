@@ -105,6 +105,14 @@ def run_all(
         "shared, small pool, lpm": lambda: run_shared_prefix(
             "shared, small pool, lpm", engine, shared, scheduling_policy="lpm", **tight
         ),
+        "shared, small pool, fcfs, host tier": lambda: run_shared_prefix(
+            "shared, small pool, fcfs, host tier",
+            engine,
+            shared,
+            kv_offloading_size=1.0,
+            scheduling_policy="fcfs",
+            **tight,
+        ),
     }
     runs: dict[str, Any] = {}
     for name, run in plan.items():
@@ -134,11 +142,12 @@ def build_report(record: RunRecord, settings: dict[str, Any], runs: dict[str, An
         "ttft_p50_batch_ratio": off["ttft_p50_s"] / on["ttft_p50_s"],
         "throughput_ratio": on["output_tokens_per_s"] / off["output_tokens_per_s"],
         "chat_throughput_ratio": chat_on["output_tokens_per_s"] / chat_off["output_tokens_per_s"],
-        "upkeep_fraction": max(on["upkeep_fraction"], chat_on["upkeep_fraction"]),
+        "upkeep_fraction": max(r["upkeep_fraction"] for r in rows),
         "lpm_vs_fcfs_hit_rate": (
             by["shared, small pool, lpm"]["hit_rate"],
             by["shared, small pool, fcfs"]["hit_rate"],
         ),
+        "host_tier_hit_rate": by["shared, small pool, fcfs, host tier"]["hit_rate"],
         "policy_pool_blocks": runs["policy_pool_blocks"],
     }
     return {
@@ -197,6 +206,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| radix upkeep / step time (worst run) | {s['upkeep_fraction']:.3%} | < 1% |",
         f"| hit rate, small pool ({s['policy_pool_blocks']} blocks, 2 seats): lpm vs fcfs | "
         f"{lpm:.1%} vs {fcfs:.1%} | lpm higher |",
+        f"| hit rate, same small pool, fcfs + host tier (`kv_offloading_size=1`) | "
+        f"{s['host_tier_hit_rate']:.1%} | |",
         "",
     ]
     return "\n".join(lines)
@@ -214,7 +225,7 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
     ax1.barh(names, [r["ideal_hit_rate"] for r in runs], color="#ddd", label="ideal")
     ax1.barh(names, [r["hit_rate"] for r in runs], height=0.5, color="tab:blue", label="measured")
     ax1.set_xlabel("hit rate (cached prompt tokens / prompt tokens)")
-    ax1.legend(loc="lower right")
+    ax1.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)
     probes = report["probe_ttft_s"]
     ax2.bar(list(probes), [median(v) for v in probes.values()], color=["tab:orange", "tab:blue"])
     ax2.set_ylabel("TTFT p50 (s), one request at a time")

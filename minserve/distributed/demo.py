@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 
 from minserve.distributed.comm import Communicator
-from minserve.distributed.layers import load_shard
+from minserve.distributed.layers import even_split, load_shard
 
 
 def dense_mlp(hidden: int, inner: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,35 +72,48 @@ def time_mlp_vs_all_reduce(
     The best of `repeats` is kept for each (noise only ever slows a run down).
     """
     up, down = dense_mlp(hidden, inner, seed=0)
-    column = ColumnShard(up, comm)
-    row_weight = down[:, column.rows.start : column.rows.stop]  # [hidden, inner / N]
+    rows = even_split(inner, comm.rank, comm.world_size)
+    up_shard = up[rows.start : rows.stop]  # [inner / N, hidden]: column-parallel
+    down_shard = down[:, rows.start : rows.stop]  # [hidden, inner / N]: row-parallel
     timings = {}
     for t in token_counts:
-        x = torch.randn(t, hidden)
-        compute = _best(lambda: F.linear(F.silu(column(x)), row_weight), repeats)
-        y = torch.randn(t, hidden)
+        x, y = torch.randn(t, hidden), torch.randn(t, hidden)
+        mlp = partial(_mlp_shard, x, up_shard, down_shard)
         comm.all_reduce(y)  # warm up the connection for this size
-        reduce = _best(lambda: comm.all_reduce(y), repeats)
-        timings[t] = {"mlp_seconds": compute, "all_reduce_seconds": reduce}
+        timings[t] = {
+            "mlp_seconds": _best(mlp, repeats),
+            "all_reduce_seconds": _best(partial(comm.all_reduce, y), repeats),
+        }
     return timings
 
 
-class ColumnShard:
-    """The rows of a dense weight this rank owns, as a callable x -> x W[rows]^T."""
-
-    def __init__(self, weight: torch.Tensor, comm: Communicator) -> None:
-        part = weight.shape[0] // comm.world_size
-        self.rows = range(comm.rank * part, (comm.rank + 1) * part)
-        self.weight = weight[self.rows.start : self.rows.stop]  # [out / N, in]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+def _mlp_shard(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, up)), down)  # [T, hidden], before the all-reduce
 
 
-def _best(fn: object, repeats: int) -> float:
+def _best(fn: Callable[[], object], repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        fn()  # type: ignore[operator]
+        fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def plot_mlp_vs_all_reduce(timings: dict[int, dict[str, float]]) -> Figure:
+    """Bars per token count: one rank's MLP shard against the all-reduce that follows it."""
+    counts = sorted(timings)
+    fig = Figure(figsize=(7, 3.2), layout="constrained")
+    ax = fig.subplots()
+    x = range(len(counts))
+    ax.bar([i - 0.2 for i in x], [timings[t]["mlp_seconds"] * 1e3 for t in counts], 0.4,
+           label="MLP shard (compute)")  # fmt: skip
+    ax.bar([i + 0.2 for i in x], [timings[t]["all_reduce_seconds"] * 1e3 for t in counts], 0.4,
+           label="all-reduce of its output")  # fmt: skip
+    ax.set_xticks(list(x), [str(t) for t in counts])
+    ax.set_xlabel("tokens in the step")
+    ax.set_ylabel("milliseconds (log)")
+    ax.set_yscale("log")
+    ax.set_title("One rank of 2: SmolLM2-sized MLP (576 -> 1536 -> 576) vs its all-reduce")
+    ax.legend()
+    return fig

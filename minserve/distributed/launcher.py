@@ -120,16 +120,16 @@ class TensorParallelDriver:
         """A clear error from a collective's failure: which ranks died, and their reports."""
         if isinstance(error, WorkerFailedError | ValueError):
             return error
+        deadline = time.monotonic() + 2.0  # a dead worker's exit may lag its closed socket
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
         reports = [
-            f"rank {r}: exit code {p.exitcode}" for r, p in self._ranks() if not p.is_alive()
+            f"rank {r}: exit code {p.exitcode}" for r, p in enumerate(self.procs, 1) if p.exitcode
         ]
         reports += [r for r in map(_report, self.status) if r]
         self.shutdown()
         detail = "; ".join(reports) or "no worker reported an error"
         return WorkerFailedError(f"tensor-parallel step failed ({error}); {detail}")
-
-    def _ranks(self) -> list[tuple[int, BaseProcess]]:
-        return list(enumerate(self.procs, start=1))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Tell the workers to stop, wait for them, then leave the group (idempotent)."""

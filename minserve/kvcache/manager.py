@@ -15,6 +15,7 @@ from collections.abc import Hashable
 
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
+from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.prefix_caching import PrefixCaching
 from minserve.kvcache.radix_cache import RadixCache
@@ -30,12 +31,13 @@ class KVCacheManager:
         pool: PagedKVPool,
         swap: HostSwapSpace | None = None,
         prefix_cache: RadixCache | None = None,
+        host_tier: HostPrefixTier | None = None,
     ) -> None:
         self.allocator = allocator
         self.pool = pool
         self.swap = swap
         self.prefix_cache = prefix_cache
-        self.prefix = PrefixCaching(prefix_cache, allocator) if prefix_cache else None
+        self.prefix = PrefixCaching(prefix_cache, allocator, host_tier) if prefix_cache else None
         self._swapped_tokens: dict[Hashable, int] = {}
 
     @property

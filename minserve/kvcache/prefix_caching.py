@@ -5,7 +5,8 @@ those blocks (shared, locked). Blocks are cached as soon as they are scheduled t
 as vLLM does: the step that fills them writes every token's keys and values before any
 attention reads them, so a request admitted later in the same step already reuses them.
 Blocks that decodes fill are cached after the step. When the pool runs short, cached
-blocks no sequence holds are evicted before anyone is preempted.
+blocks no sequence holds are evicted before anyone is preempted; with a host tier they
+are demoted to host memory, and a later prompt that continues into them promotes them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import TypeVar
 
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
-from minserve.kvcache.radix_cache import RadixCache, RadixNode
+from minserve.kvcache.host_tier import HostPrefixTier, Prefix
+from minserve.kvcache.radix_cache import PrefixMatch, RadixCache, RadixNode
 
 T = TypeVar("T")
 
@@ -35,15 +37,20 @@ class PrefixCacheStats:
     """What the prefix cache did (`get_metrics()`)."""
 
     evicted_blocks: int = 0
+    promoted_blocks: int = 0  # brought back from the host tier
     upkeep_seconds: float = 0.0  # time spent in the radix tree: match, insert, lock, evict
 
 
 class PrefixCaching:
     """Which block tables use which cached prefix, and the tree's upkeep time."""
 
-    def __init__(self, cache: RadixCache, allocator: BlockAllocator) -> None:
+    def __init__(
+        self, cache: RadixCache, allocator: BlockAllocator, host: HostPrefixTier | None = None
+    ) -> None:
         self.cache = cache
         self.allocator = allocator
+        self.host = host
+        self._prefix_of: dict[int, Prefix] = {}  # cached block -> its prefix (host tier only)
         self.block_size = cache.block_size
         self.stats = PrefixCacheStats()
         self._held: dict[BlockTable, _HeldPrefix] = {}  # tables using cached blocks
@@ -67,6 +74,8 @@ class PrefixCaching:
         self._tokens[table] = token_ids
         usable = (len(token_ids) - 1) // self.block_size * self.block_size
         match = self._timed(self.cache.match_prefix, token_ids[:usable])
+        if self.host is not None:
+            match = self._promote(token_ids[:usable], match)
         if not match.blocks:
             return 0
         self._timed(self.cache.lock, match.node)
@@ -102,6 +111,7 @@ class PrefixCaching:
             return
         tokens = token_ids[: full * self.block_size]
         match = self._timed(self.cache.insert, tokens, table.blocks[:full])
+        self._remember_prefixes(tokens, match.blocks)
         written = full if computed is None else computed // self.block_size
         table.adopt_prefix(self.allocator, match.blocks[:written])
         self._timed(self.cache.lock, match.node)
@@ -130,6 +140,54 @@ class PrefixCaching:
         short = num_blocks - self.allocator.num_free
         if short > 0:
             self.stats.evicted_blocks += self._timed(self.cache.evict, short)
+            self._demote_evicted()
+
+    # --- the host tier ---
+
+    def _remember_prefixes(self, tokens: list[int], blocks: list[int]) -> None:
+        """Note which prefix each cached block completes, to demote it by that key later."""
+        if self.host is None:
+            return
+        for j, block in enumerate(blocks):
+            end = (j + 1) * self.block_size
+            if len(self._prefix_of.get(block, ())) != end:  # new, or reused elsewhere
+                self._prefix_of[block] = tuple(tokens[:end])
+
+    def _demote_evicted(self) -> None:
+        """Blocks just evicted are free but still hold their KV: copy them to the host."""
+        if self.host is None:
+            return
+        evicted = [b for b in self._prefix_of if self.allocator.refcount(b) == 0]
+        for block in evicted:
+            self.host.demote(self._prefix_of.pop(block), block)
+
+    def _promote(self, token_ids: list[int], match: PrefixMatch) -> PrefixMatch:
+        """Extend a device match with the blocks that follow it on the host, copied back
+        into fresh device blocks and cached again, while copying beats recomputing."""
+        assert self.host is not None
+        self._timed(self.cache.lock, match.node)  # making room must not evict the match
+        promoted: list[int] = []
+        end = (match.num_blocks + 1) * self.block_size
+        while end <= len(token_ids) and self.host.worth_promoting():
+            prefix = tuple(token_ids[:end])
+            if prefix not in self.host:
+                break
+            self.make_room(1)  # may demote others, and push this one off the host tier
+            if prefix not in self.host or not self.allocator.can_allocate(1):
+                break
+            promoted.append(self.allocator.allocate())
+            self.host.promote(prefix, promoted[-1])
+            end += self.block_size
+        self._timed(self.cache.unlock, match.node)
+        if not promoted:
+            return match
+        tokens = token_ids[: end - self.block_size]
+        extended = self._timed(self.cache.insert, tokens, match.blocks + promoted)
+        self._remember_prefixes(tokens, extended.blocks)
+        for block in promoted:  # the tree holds them now
+            self.allocator.free(block)
+        self.stats.promoted_blocks += len(promoted)
+        return extended
 
     def _timed(self, method: Callable[..., T], *args: object) -> T:
         """Call a method of the radix tree, adding its time to the upkeep counter."""

@@ -216,13 +216,16 @@ def draw_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     The token drawn is the first whose cumulative probability exceeds u. A token filtered
     to -inf has probability 0, so the CDF does not rise there and it is never the first to
     exceed u. One uniform per row (not one random number per vocabulary entry, as the
-    exponential race or Gumbel-max would need) keeps the draw cheap on a CPU.
+    exponential race or Gumbel-max would need) keeps the draw cheap on a CPU. An fp32 CDF
+    is enough: each step of it is one token's probability rounded to the CDF's precision,
+    so no token's probability moves by more than about 1e-7.
     """
     probs = logits.softmax(dim=-1)  # [rows, vocab]
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # [rows, vocab]
-    target = (uniforms.to(torch.float64) * cdf[:, -1]).unsqueeze(-1)  # [rows, 1]
-    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [rows]
-    return tokens.clamp_(max=logits.shape[-1] - 1)  # a guard only: u < 1 keeps target < total
+    cdf = probs.cumsum(dim=-1)  # [rows, vocab]
+    total = cdf[:, -1:]  # [rows, 1]
+    below_total = torch.nextafter(total, torch.zeros_like(total))  # u * total may round up
+    target = torch.minimum(uniforms.unsqueeze(-1) * total, below_total)  # [rows, 1]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [rows]
 
 
 def _has_penalties(params: SamplingParams) -> bool:

@@ -27,6 +27,7 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (local processes)")
     p.add_argument("--max-queued-requests", type=int, default=256,
                    help="requests accepted beyond max-num-seqs; more get 503")  # fmt: skip
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies: 413")
@@ -53,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, attention_backend=args.attention_backend,
+        tensor_parallel_size=args.tensor_parallel_size,
     )  # fmt: skip
     config = ServerConfig(
         model_name=args.served_model_name or served_name(llm.loaded.path),
@@ -66,4 +68,5 @@ def _serve(args: argparse.Namespace) -> int:
         uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
     finally:
         server.shutdown()
+        llm.shutdown()  # stops tensor-parallel workers, if any
     return 0

@@ -1,0 +1,9 @@
+"""Prefill/decode disaggregation and capacity planning (docs/distributed.md, issue 7 part 2).
+
+- `costs.py`, `calibrate.py`: step times measured on the real engine, fitted to a line.
+- `workload.py`, `simulator.py`, `planner.py`: a discrete-event simulator of prefill,
+  decode and colocated instances that predicts TTFT, TPOT and goodput, and a search over
+  the prefill:decode ratio and TP degree (DistServe's question at cluster scale).
+- `kv_transfer.py`, `transfer_rule.py`, `pd_pair.py`: one prefill process hands finished
+  prefills' KV blocks to one decode process over torch.distributed send/recv.
+"""
