@@ -7,8 +7,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from minserve.bench import chunked_itl_report, prefix_report, sched_overhead, serve
+from minserve.bench import chunked_itl_report, prefix_report, router, sched_overhead, serve
 from minserve.course import check
+from minserve.router.cli import add_router_parser
 from minserve.server.cli import add_serve_parser
 
 
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_generate_parser(commands)
     check.add_check_parser(commands)
     add_serve_parser(commands)
+    add_router_parser(commands)
     _add_bench_parser(commands)
     args = parser.parse_args(argv)
     args.command_line = shlex.join(["minserve", *(sys.argv[1:] if argv is None else argv)])
@@ -94,6 +96,7 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
     sched_overhead.add_parser(kinds)
     serve.add_parser(kinds)
     prefix_report.add_parser(kinds)
+    router.add_parser(kinds)
 
 
 def _bench_offline(args: argparse.Namespace) -> int:

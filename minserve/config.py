@@ -68,3 +68,21 @@ class SchedulerConfig:
                 f"unknown scheduling_policy {self.scheduling_policy!r}; "
                 f"choose one of {', '.join(SCHEDULING_POLICIES)}"
             )
+
+
+def resolve_max_model_len(requested: int | None, model_limit: int, caps: dict[str, int]) -> int:
+    """The longest sequence allowed: the model's positions, capped so any one sequence can
+    always run alone (it fits the KV pool, and one step's budget without chunked prefill)."""
+    if requested is None:
+        return min(model_limit, *caps.values())
+    if not 0 < requested <= model_limit:
+        raise ValueError(
+            f"max_model_len must be in [1, {model_limit}] for this model, got {requested}"
+        )
+    for name, cap in caps.items():
+        if requested > cap:
+            raise ValueError(
+                f"max_model_len {requested} exceeds {name} ({cap}); lower max_model_len, "
+                "or raise num_blocks / kv_cache_memory_bytes / max_num_batched_tokens"
+            )
+    return requested

@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from minserve.attention.backends import get_attention_backend
-from minserve.config import CacheConfig, SchedulerConfig
+from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
+from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.kvcache.block_allocator import BlockAllocator
-from minserve.kvcache.host_tier import HostPrefixTier, TierCosts
+from minserve.kvcache.host_tier import host_tier_for
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.radix_cache import RadixCache
-from minserve.kvcache.swap import GIB, HostSwapSpace
+from minserve.kvcache.swap import HostSwapSpace
 from minserve.model.loader import LoadedModel
 from minserve.model.runner import ModelRunner
 from minserve.model.sampler import Sampler
@@ -33,26 +34,15 @@ from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from minserve.scheduler.sequence import Sequence
+from minserve.speculative.config import SpeculativeConfig
+from minserve.speculative.decoder import SpeculativeDecoder
 from minserve.step_timings import PhaseClock, StepTimings
 
 
 @dataclass
-class EngineCounters:
-    """Totals since the engine started (`get_metrics()`)."""
+class TrackedRequest:
+    """A request in flight and its sequences (one per sample once forked)."""
 
-    num_steps: int = 0
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
-    num_batched_tokens: int = 0
-    num_requests_finished: int = 0
-    num_requests_aborted: int = 0
-    kv_usage_peak: float = 0.0
-    num_prefix_cache_queries: int = 0  # prompt tokens of requests that started
-    num_prefix_cache_hits: int = 0  # ... of which came from the prefix cache
-
-
-@dataclass
-class _Tracked:
     request: Request
     seqs: list[Sequence] = field(default_factory=list)
 
@@ -73,6 +63,7 @@ class LLMEngine:
         prefix_cache_cls: type = RadixCache,
         pool_cls: type = PagedKVPool,  # tensor parallel: rank 0's pool mirrors its copies
         runner_cls: Callable[..., ModelRunner] = ModelRunner,  # ... its runner broadcasts
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -90,12 +81,12 @@ class LLMEngine:
             if cache_config.enable_prefix_caching
             else None
         )
-        host_tier = _host_tier(cache_config, pool, loaded) if prefix_cache else None
+        host_tier = host_tier_for(cache_config, pool, loaded.model) if prefix_cache else None
         self.kv = KVCacheManager(allocator, pool, swap, prefix_cache, host_tier)
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
             caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
-        self.max_model_len = _max_model_len(
+        self.max_model_len = resolve_max_model_len(
             max_model_len, loaded.config.max_position_embeddings, caps
         )
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
@@ -103,8 +94,15 @@ class LLMEngine:
         backend = get_attention_backend(attention_backend, param.device)
         self.runner = runner_cls(loaded.model, pool, backend)
         self.sampler = sampler or Sampler()
+        self.speculator = (  # docs/speculative.md
+            SpeculativeDecoder(
+                speculative_config, self.kv, scheduler_config.max_num_batched_tokens, self.runner
+            )
+            if speculative_config is not None
+            else None
+        )
         self.counters = EngineCounters()
-        self._tracked: dict[str, _Tracked] = {}
+        self.requests: dict[str, TrackedRequest] = {}
         self._order = itertools.count()
         self.last_batch = SchedulerOutput()  # what the latest step ran (for step traces)
         self.last_timings = StepTimings()  # where the latest step's time went
@@ -121,7 +119,7 @@ class LLMEngine:
         priority: int = 0,
     ) -> Request:
         """Validate and queue a request; its n samples prefill once, then fork."""
-        if request_id in self._tracked:
+        if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         validate_prompt(prompt_token_ids, self.loaded.config.vocab_size, self.max_model_len)
         request = Request.create(
@@ -136,7 +134,7 @@ class LLMEngine:
             order=next(self._order),
             unforked=siblings,
         )
-        self._tracked[request_id] = _Tracked(request, [seq])
+        self.requests[request_id] = TrackedRequest(request, [seq])
         self.scheduler.add(seq)
         self.counters.num_prompt_tokens += len(prompt_token_ids)
         return request
@@ -146,7 +144,7 @@ class LLMEngine:
 
         Its blocks go back to the pool (or its host copy is dropped) at once.
         """
-        tracked = self._tracked.pop(request_id, None)
+        tracked = self.requests.pop(request_id, None)
         if tracked is None:
             return
         for seq in tracked.seqs:
@@ -156,7 +154,7 @@ class LLMEngine:
         self.counters.num_requests_aborted += 1
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._tracked)
+        return bool(self.requests)
 
     # --- the step ---
 
@@ -168,6 +166,8 @@ class LLMEngine:
         if batch.is_empty:
             self._check_progress()
             return []
+        if self.speculator is not None:
+            self.speculator.propose(batch, self.rules)  # drafts for decodes, with KV slots
         inputs = self.runner.prepare(batch.scheduled)
         clock.lap("prepare")
         logits = self.runner.forward(inputs)  # [num_sampling, vocab]
@@ -180,13 +180,17 @@ class LLMEngine:
             self._cache_filled_blocks(s.seq)
             if s.seq.num_uncomputed_tokens == 0:
                 sampling.append(s.seq)
-        outputs = self._sample_and_append(sampling, logits, clock)
+        outputs = self._sample_and_append(sampling, logits, clock, batch)
         self.last_timings = clock.timings
         self.timings.add(clock.timings)
         return outputs
 
     def _sample_and_append(
-        self, sampling: list[Sequence], logits: torch.Tensor, clock: PhaseClock
+        self,
+        sampling: list[Sequence],
+        logits: torch.Tensor,
+        clock: PhaseClock,
+        batch: SchedulerOutput,
     ) -> list[RequestOutput]:
         targets, rows_of_logits = [], []
         for i, seq in enumerate(sampling):
@@ -195,10 +199,15 @@ class LLMEngine:
             rows_of_logits += [i] * len(family)
         rows = [t.sample.sampling_row(self.rules) for t in targets]
         clock.lap("update")
-        result = self.sampler(logits[rows_of_logits], rows)
+        if self.speculator is None:
+            result = self.sampler(logits[rows_of_logits], rows)
+            emitted = zip(targets, result.token_ids, result.logprobs)
+        else:  # several tokens per sequence: accepted drafts, then the target's own
+            verified = self.speculator.verify(batch, targets, logits, self.sampler, self.rules)
+            emitted = self.speculator.emitted_tokens(verified)
         clock.lap("sample")
         progressed: dict[str, Request] = {}
-        for seq, token, logprobs in zip(targets, result.token_ids, result.logprobs):
+        for seq, token, logprobs in emitted:
             seq.sample.append(token, logprobs, self.rules)
             seq.request.record_token_time()
             self.counters.num_generation_tokens += 1
@@ -207,7 +216,7 @@ class LLMEngine:
             progressed[seq.request.request_id] = seq.request
         for request_id, request in progressed.items():
             if request.finished:
-                del self._tracked[request_id]
+                del self.requests[request_id]
                 self.counters.num_requests_finished += 1
         outputs = [r.to_output() for r in progressed.values()]
         clock.lap("update")
@@ -228,7 +237,7 @@ class LLMEngine:
 
     def _fork(self, seq: Sequence) -> list[Sequence]:
         siblings = self.scheduler.fork(seq)
-        self._tracked[seq.request.request_id].seqs.extend(siblings)
+        self.requests[seq.request.request_id].seqs.extend(siblings)
         return siblings
 
     def _record_step(self, batch: SchedulerOutput) -> None:
@@ -247,75 +256,4 @@ class LLMEngine:
 
     def get_metrics(self) -> dict[str, float]:
         """Engine counters and gauges (vLLM's names where it has them)."""
-        stats = self.scheduler.stats
-        swap = self.kv.swap
-        return {
-            "num_steps": self.counters.num_steps,
-            "num_requests_running": len(self.scheduler.running),
-            "num_requests_waiting": len(self.scheduler.waiting),
-            "num_requests_swapped": len(self.scheduler.swapped),
-            "num_requests_finished": self.counters.num_requests_finished,
-            "num_requests_aborted": self.counters.num_requests_aborted,
-            "num_preemptions": stats.num_preemptions,
-            "num_swapped_out": stats.num_swapped_out,
-            "num_swapped_in": stats.num_swapped_in,
-            "swap_bytes_out": swap.bytes_out if swap else 0,
-            "swap_bytes_in": swap.bytes_in if swap else 0,
-            "prompt_tokens": self.counters.num_prompt_tokens,
-            "generation_tokens": self.counters.num_generation_tokens,
-            "batched_tokens": self.counters.num_batched_tokens,
-            "kv_cache_usage": self.kv.usage,
-            "kv_cache_usage_peak": self.counters.kv_usage_peak,
-            "num_blocks": self.kv.allocator.num_blocks,
-            "num_free_blocks": self.kv.allocator.num_free,
-            "block_size": self.kv.block_size,
-            **self._prefix_cache_metrics(),
-            **{f"step_seconds_{name}": value for name, value in asdict(self.timings).items()},
-        }
-
-    def _prefix_cache_metrics(self) -> dict[str, float]:
-        """vLLM's prefix_cache_queries / _hits (prompt tokens), the hit rate, and our upkeep."""
-        queries, hits = self.counters.num_prefix_cache_queries, self.counters.num_prefix_cache_hits
-        cache = self.kv.prefix_cache
-        stats = self.kv.prefix.stats if self.kv.prefix else None
-        host = self.kv.prefix.host if self.kv.prefix else None
-        return {
-            "prefix_cache_queries": queries,
-            "prefix_cache_hits": hits,
-            "prefix_cache_hit_rate": hits / queries if queries else 0.0,
-            "prefix_cache_blocks": cache.num_cached_blocks if cache else 0,
-            "prefix_cache_evicted_blocks": stats.evicted_blocks if stats else 0,
-            "prefix_cache_upkeep_seconds": stats.upkeep_seconds if stats else 0.0,
-            "prefix_cache_promoted_blocks": stats.promoted_blocks if stats else 0,
-            "host_tier_bytes_out": host.bytes_demoted if host else 0,
-            "host_tier_bytes_in": host.bytes_promoted if host else 0,
-        }
-
-
-def _host_tier(
-    cache_config: CacheConfig, pool: PagedKVPool, loaded: LoadedModel
-) -> HostPrefixTier | None:
-    """The prefix cache's host tier, sized by `kv_offloading_size` (GiB), with measured costs."""
-    if cache_config.kv_offloading_size <= 0:
-        return None
-    capacity = max(1, int(cache_config.kv_offloading_size * GIB) // pool.block_nbytes)
-    num_params = sum(p.numel() for p in loaded.model.parameters())
-    return HostPrefixTier(capacity, pool, TierCosts.measure(pool, num_params))
-
-
-def _max_model_len(requested: int | None, model_limit: int, caps: dict[str, int]) -> int:
-    """The longest sequence allowed: the model's positions, capped so any one sequence can
-    always run alone (it fits the KV pool, and one step's budget without chunked prefill)."""
-    if requested is None:
-        return min(model_limit, *caps.values())
-    if not 0 < requested <= model_limit:
-        raise ValueError(
-            f"max_model_len must be in [1, {model_limit}] for this model, got {requested}"
-        )
-    for name, cap in caps.items():
-        if requested > cap:
-            raise ValueError(
-                f"max_model_len {requested} exceeds {name} ({cap}); lower max_model_len, "
-                "or raise num_blocks / kv_cache_memory_bytes / max_num_batched_tokens"
-            )
-    return requested
+        return engine_metrics(self)

@@ -24,6 +24,7 @@ from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.policy import priority_value
 from minserve.scheduler.scheduler import Scheduler
+from minserve.speculative.config import SpeculativeConfig
 
 # A prompt is text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...}.
 Prompt = str | list[int] | dict[str, Any]
@@ -40,7 +41,8 @@ class LLM:
     bf16 on GPU), "float32", "bfloat16" or "float16". The other options are vLLM's (see
     docs/engine.md); engine="reference" runs the contiguous-KV reference path instead (the oracle).
     tensor_parallel_size=N splits the model over N processes (docs/distributed.md); call
-    `shutdown()` when done.
+    `shutdown()` when done. speculative_config={"method": "ngram", "num_speculative_tokens": k}
+    turns on speculative decoding (docs/speculative.md).
     """
 
     def __init__(
@@ -66,9 +68,11 @@ class LLM:
         prefix_cache_cls: type = RadixCache,
         engine: str = "paged",
         tensor_parallel_size: int = 1,
+        speculative_config: dict[str, Any] | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        speculative = _speculative(speculative_config, engine, tensor_parallel_size)
         cache = CacheConfig(
             block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching,
             kv_offloading_size,
@@ -94,7 +98,7 @@ class LLM:
             self.engine = LLMEngine(
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
                 attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
-                **tp_parts,
+                **tp_parts, speculative_config=speculative,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:
@@ -206,6 +210,20 @@ def _load(
             f"({param.dtype} on {param.device}); leave them as 'auto'"
         )
     return model
+
+
+def _speculative(
+    options: dict[str, Any] | None, engine: str, tensor_parallel_size: int
+) -> SpeculativeConfig | None:
+    """vLLM's speculative_config dict, validated (the paged engine on one process only)."""
+    if options is None:
+        return None
+    if engine != "paged" or tensor_parallel_size != 1:
+        raise ValueError(
+            "speculative_config needs engine='paged' and tensor_parallel_size=1 "
+            f"(got engine={engine!r}, tensor_parallel_size={tensor_parallel_size})"
+        )
+    return SpeculativeConfig.from_dict(options)
 
 
 def _reference_max_len(requested: int | None, loaded: LoadedModel) -> int:

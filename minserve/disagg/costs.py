@@ -13,6 +13,7 @@ three numbers from measurements by least squares; `calibrate.py` measures them.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -77,17 +78,19 @@ class StepCosts:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def fit_step_costs(
-    measurements: list[StepMeasurement], kv_bytes_per_token: int = 0
-) -> StepCosts:
-    """Least-squares fit of the three step-time terms (clipped at zero: noise can dip below)."""
+def fit_step_costs(measurements: list[StepMeasurement], kv_bytes_per_token: int = 0) -> StepCosts:
+    """Least-squares fit of the three terms to each shape's median time (clipped at zero)."""
     if len({(m.prefill_tokens, m.decode_seqs) for m in measurements}) < 3:
         raise ValueError(
             "fitting base, per-token and per-sequence costs needs measurements of at least 3 "
             f"different (prefill_tokens, decode_seqs) shapes, got {len(measurements)} steps"
         )
-    a = np.array([[1.0, m.prefill_tokens, m.decode_seqs] for m in measurements])  # [n, 3]
-    y = np.array([m.seconds for m in measurements])  # [n]
+    by_shape: dict[tuple[int, int], list[float]] = {}
+    for m in measurements:
+        by_shape.setdefault((m.prefill_tokens, m.decode_seqs), []).append(m.seconds)
+    # the median of each shape's repeats: a step slowed by other work on the machine is noise
+    a = np.array([[1.0, tokens, seqs] for tokens, seqs in by_shape])  # [num_shapes, 3]
+    y = np.array([statistics.median(times) for times in by_shape.values()])  # [num_shapes]
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
     base, per_token, per_seq = (max(0.0, float(c)) for c in coef)
     return StepCosts(base, per_token, per_seq, kv_bytes_per_token)

@@ -50,6 +50,4 @@ def fixed_workload(
     interval_s: float, num_requests: int, prompt_len: int, output_len: int
 ) -> list[SimRequest]:
     """Evenly spaced identical requests (the first at t=0): for hand-checkable cases."""
-    return [
-        SimRequest(i * interval_s, prompt_len, output_len) for i in range(num_requests)
-    ]
+    return [SimRequest(i * interval_s, prompt_len, output_len) for i in range(num_requests)]

@@ -21,8 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
+from minserve.config import CacheConfig
 from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.kvcache.swap import GIB
 
 Prefix = tuple[int, ...]  # the tokens of a block and of everything before it
 
@@ -94,3 +97,14 @@ def _seconds(action: Callable[[], object]) -> float:
     start = time.perf_counter()
     action()
     return time.perf_counter() - start
+
+
+def host_tier_for(
+    cache_config: CacheConfig, pool: PagedKVPool, model: nn.Module
+) -> HostPrefixTier | None:
+    """The prefix cache's host tier, sized by `kv_offloading_size` (GiB), with measured costs."""
+    if cache_config.kv_offloading_size <= 0:
+        return None
+    capacity = max(1, int(cache_config.kv_offloading_size * GIB) // pool.block_nbytes)
+    num_params = sum(p.numel() for p in model.parameters())
+    return HostPrefixTier(capacity, pool, TierCosts.measure(pool, num_params))

@@ -3,7 +3,8 @@
 For each scheduled sequence it lays out the tokens it computes this step (a decode's one
 token, or a prefill chunk), their positions and pool slots (through the block table),
 runs the decoder once over the whole flat batch, and returns logits only for sequences
-whose every token is now computed: those sample next.
+whose every token is now computed: those sample next (a speculating decode gets one row per
+position it verifies: its token and each draft).
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ class ModelRunner:
             input_ids += seq.token_ids[s.start : end]
             positions += range(s.start, end)
             slots += [seq.block_table.slot(p) for p in range(s.start, end)]
-            if end == seq.num_tokens:
+            if s.draft_token_ids:  # speculative decoding: logits at every draft too
+                _add_drafts(s, input_ids, positions, slots, sample_indices)
+            elif end == seq.num_tokens:
                 sample_indices.append(len(input_ids) - 1)
         metadata = AttentionMetadata.build(
-            query_lens=[s.num_new_tokens for s in scheduled],
-            context_lens=[s.start + s.num_new_tokens for s in scheduled],
+            query_lens=[s.num_query_tokens for s in scheduled],
+            context_lens=[s.start + s.num_query_tokens for s in scheduled],
             block_tables=[s.seq.block_table.blocks for s in scheduled],
             slot_mapping=slots,
             device=self.device,
@@ -74,3 +77,19 @@ class ModelRunner:
         attention: AttentionFn = self.backend(self.kv, inputs.metadata)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)  # [T, hidden]
         return self.model.compute_logits(hidden[inputs.sample_indices])
+
+
+def _add_drafts(
+    s: ScheduledSeq,
+    input_ids: list[int],
+    positions: list[int],
+    slots: list[int],
+    sample_indices: list[int],
+) -> None:
+    """Append a decode's drafts after its token; sample its token's row and every draft's."""
+    first = s.start + s.num_new_tokens
+    drafted = range(first, first + len(s.draft_token_ids))
+    input_ids += s.draft_token_ids
+    positions += drafted
+    slots += [s.seq.block_table.slot(p) for p in drafted]
+    sample_indices += range(len(input_ids) - 1 - len(s.draft_token_ids), len(input_ids))

@@ -29,11 +29,17 @@ class ScheduledSeq:
 
     seq: Sequence
     num_new_tokens: int
+    draft_token_ids: tuple[int, ...] = ()  # speculative decoding: guesses verified this step
 
     @property
     def start(self) -> int:
         """Position of the first token this step computes."""
         return self.seq.num_computed_tokens
+
+    @property
+    def num_query_tokens(self) -> int:
+        """Tokens the model runs for this sequence: its new tokens plus any drafts."""
+        return self.num_new_tokens + len(self.draft_token_ids)
 
 
 @dataclass

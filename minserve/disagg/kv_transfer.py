@@ -1,0 +1,107 @@
+"""`KVTransfer`: how a prefilled request's KV blocks reach a decode instance.
+
+The hand-off (DistServe, Mooncake), for each batch of requests a prefill step finished:
+
+    prefill instance                          decode instance
+    offer(offers)        ── JSON offers ──►   receive_offers()
+                                              allocate blocks (or refuse: recompute)
+                         ◄── JSON acks ────   acknowledge(accepted)
+    send_blocks(kv)      ── KV tensors ───►   receive_blocks(shape) -> write into blocks
+    free its own blocks (only now: the decode side holds a copy)
+
+The decode side allocates before any byte moves, so a transfer never lands nowhere. The
+blocks travel by torch.distributed send/recv: gloo between CPU processes here; with NCCL
+on GPUs the same calls move GPU memory directly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from minserve.disagg.wire import recv_json, send_json
+from minserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class KVOffer:
+    """A request leaving a prefill instance: prompt, first token, sampling, KV or recompute."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    first_token: int
+    params: SamplingParams
+    with_kv: bool  # False: the transfer-versus-recompute rule chose recompute
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "params": asdict(self.params)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> KVOffer:
+        fields = {**d, "prompt_token_ids": tuple(d["prompt_token_ids"])}
+        return cls(**{**fields, "params": SamplingParams(**d["params"])})
+
+
+class KVTransfer(Protocol):
+    """The interface both sides program against; `TorchKVTransfer` is the implementation."""
+
+    def offer(self, offers: list[KVOffer]) -> list[bool]: ...
+
+    def send_blocks(self, kv: torch.Tensor) -> None: ...
+
+    def receive_offers(self) -> list[KVOffer]: ...
+
+    def acknowledge(self, accepted: list[bool]) -> None: ...
+
+    def receive_blocks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+
+@dataclass
+class TransferStats:
+    """Bytes of KV moved and the seconds the sending side spent moving them."""
+
+    num_transfers: int = 0
+    kv_bytes: int = 0
+    seconds: float = 0.0
+
+
+class TorchKVTransfer:
+    """KV hand-off over torch.distributed point-to-point calls with rank `peer`."""
+
+    def __init__(self, peer: int, group: dist.ProcessGroup | None = None) -> None:
+        self.peer = peer
+        self.group = group
+        self.stats = TransferStats()
+
+    def offer(self, offers: list[KVOffer]) -> list[bool]:
+        """Prefill side: announce the requests, return which ones the decode side accepted."""
+        send_json([o.to_json() for o in offers], self.peer, self.group)
+        accepted = recv_json(self.peer, self.group)
+        if len(accepted) != len(offers):
+            raise RuntimeError(f"{len(offers)} offers were answered by {len(accepted)} acks")
+        return [bool(a) for a in accepted]
+
+    def send_blocks(self, kv: torch.Tensor) -> None:
+        """Prefill side: one accepted request's blocks, [layers, 2, blocks, block_size, Hkv, D]."""
+        start = time.perf_counter()
+        dist.send(kv.contiguous(), self.peer, group=self.group)
+        self.stats.num_transfers += 1
+        self.stats.kv_bytes += kv.numel() * kv.element_size()
+        self.stats.seconds += time.perf_counter() - start
+
+    def receive_offers(self) -> list[KVOffer]:
+        return [KVOffer.from_json(d) for d in recv_json(self.peer, self.group)]
+
+    def acknowledge(self, accepted: list[bool]) -> None:
+        send_json(accepted, self.peer, self.group)
+
+    def receive_blocks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        kv = torch.empty(shape, dtype=dtype)  # [layers, 2, blocks, block_size, Hkv, D]
+        dist.recv(kv, self.peer, group=self.group)
+        self.stats.num_transfers += 1
+        self.stats.kv_bytes += kv.numel() * kv.element_size()
+        return kv

@@ -1,0 +1,109 @@
+"""The decode instance: a process that receives prefilled requests and decodes them.
+
+Rank 1 of a two-rank gloo group (rank 0 is the prefill instance, `pd_pair.py`). Each
+round it takes the offers of requests rank 0 just prefilled, allocates blocks and
+acknowledges, receives their KV into those blocks, runs one decode step, and sends back
+the requests that finished (JSON). Its engine is the ordinary `LLMEngine`.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from minserve.disagg.engine_hooks import add_prefilled
+from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
+from minserve.disagg.transfer_rule import measure_link
+from minserve.disagg.wire import recv_json, send_json
+from minserve.engine import LLMEngine
+from minserve.outputs import RequestOutput
+from minserve.scheduler.sequence import Sequence
+
+PREFILL_RANK, DECODE_RANK = 0, 1
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """What the decode process needs to start: plain strings and numbers, no objects."""
+
+    model: str
+    engine_options: tuple[tuple[str, Any], ...]  # LLM keyword arguments
+    port: int
+    step_timeout_s: float
+
+
+def join_pair(rank: int, spec: PairSpec) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank, world_size=2,
+        timeout=timedelta(seconds=spec.step_timeout_s),
+    )  # fmt: skip
+
+
+def decode_main(spec: PairSpec, status: Any) -> None:
+    """Entry point of the spawned decode process; start-up errors go back through `status`."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from minserve.llm import LLM  # after the environment is set
+
+    try:
+        llm = LLM(spec.model, **dict(spec.engine_options))
+    except BaseException:
+        status.put(traceback.format_exc())
+        return
+    status.put("ready")  # before joining: rank 0 joins only once the model loaded here
+    join_pair(DECODE_RANK, spec)
+    try:
+        measure_link(PREFILL_RANK, sender=False)
+        assert llm.engine is not None
+        serve_decode(llm.engine, TorchKVTransfer(PREFILL_RANK))
+    finally:
+        dist.destroy_process_group()
+
+
+def serve_decode(engine: LLMEngine, transfer: TorchKVTransfer) -> None:
+    """Rounds until rank 0 says stop: hand-offs in, one decode step, finished requests out."""
+    while not recv_json(PREFILL_RANK)["stop"]:
+        offers = transfer.receive_offers()
+        admitted = [admit(engine, offer) for offer in offers]
+        transfer.acknowledge([accepted for _, accepted in admitted])
+        for seq, accepted in admitted:
+            if accepted:
+                receive_into_blocks(engine, transfer, seq)
+        outputs = engine.step() if engine.has_unfinished_requests() else []
+        send_json([finished_json(o) for o in outputs if o.finished], PREFILL_RANK)
+
+
+def admit(engine: LLMEngine, offer: KVOffer) -> tuple[Sequence, bool]:
+    """Allocate blocks for the offered KV; with no room, take the request to recompute."""
+    args = (offer.request_id, list(offer.prompt_token_ids), offer.params, offer.first_token)
+    if offer.with_kv:
+        try:
+            return add_prefilled(engine, *args, with_kv=True), True
+        except MemoryError:
+            pass  # refused: the prompt is recomputed here instead
+    return add_prefilled(engine, *args, with_kv=False), False
+
+
+def receive_into_blocks(engine: LLMEngine, transfer: TorchKVTransfer, seq: Sequence) -> None:
+    pool = engine.kv.pool
+    blocks = seq.block_table.blocks
+    layers, kv, _, *tail = pool.kv.shape  # [layers, 2, num_blocks, block_size, Hkv, D]
+    data = transfer.receive_blocks((layers, kv, len(blocks), *tail), pool.dtype)
+    pool.write_blocks(blocks, data)
+
+
+def finished_json(output: RequestOutput) -> dict[str, Any]:
+    (completion,) = output.outputs
+    return {
+        "request_id": output.request_id,
+        "token_ids": completion.token_ids,
+        "text": completion.text,
+        "finish_reason": completion.finish_reason,
+        "stop_reason": completion.stop_reason,
+    }

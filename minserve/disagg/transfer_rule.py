@@ -1,0 +1,88 @@
+"""Transfer or recompute? Move a prompt's KV, or let the decode instance prefill it again.
+
+Moving costs `latency + bytes / bandwidth`; recomputing costs `prompt_len x seconds per
+prefill token`. Both are measured: the link by a ping-pong of two sizes at start-up,
+prefill speed from the prefill instance's own steps. On GPUs joined by NVLink or RDMA
+transfer wins by far; over a slow link with a small model, recompute can.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("minserve.disagg")
+POLICIES = ("auto", "transfer", "recompute")
+
+
+@dataclass(frozen=True)
+class TransferDecision:
+    """One request's choice and the two estimates behind it."""
+
+    request_id: str
+    kv_bytes: int
+    transfer_s: float
+    recompute_s: float
+    transfer: bool
+
+
+@dataclass
+class TransferRule:
+    """Measured link and prefill speed; `decide` picks the cheaper way per request."""
+
+    latency_s: float
+    bandwidth_bytes_s: float
+    policy: str = "auto"
+    recompute_s_per_token: float | None = None  # None until a prefill step was seen
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"transfer policy must be one of {POLICIES}, got {self.policy!r}")
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """Update the prefill speed from a step (a running mean, weight 1/4 on the new one)."""
+        if num_tokens > 0:
+            rate = seconds / num_tokens
+            old = self.recompute_s_per_token
+            self.recompute_s_per_token = rate if old is None else 0.75 * old + 0.25 * rate
+
+    def decide(self, request_id: str, num_tokens: int, kv_bytes: int) -> TransferDecision:
+        transfer_s = self.latency_s + kv_bytes / self.bandwidth_bytes_s
+        recompute_s = num_tokens * (self.recompute_s_per_token or float("inf"))
+        transfer = self.policy == "transfer" or (
+            self.policy == "auto" and transfer_s <= recompute_s
+        )
+        decision = TransferDecision(request_id, kv_bytes, transfer_s, recompute_s, transfer)
+        log.info(
+            "%s: %d tokens, %d KV bytes: transfer %.2e s vs recompute %.2e s -> %s",
+            request_id, num_tokens, kv_bytes, transfer_s, recompute_s,
+            "transfer" if transfer else "recompute",
+        )  # fmt: skip
+        return decision
+
+
+def measure_link(peer: int, sender: bool, sizes: tuple[int, int] = (1 << 10, 1 << 22)) -> tuple:
+    """Ping-pong `sizes` bytes with `peer` (both sides call it); (latency_s, bandwidth B/s).
+
+    The time of a round trip of n bytes and a 1-byte reply is latency + n / bandwidth;
+    two sizes give both unknowns.
+    """
+    times = []
+    reply = torch.zeros(1, dtype=torch.uint8)
+    for n in sizes:
+        payload = torch.zeros(n, dtype=torch.uint8)  # [n bytes]
+        start = time.perf_counter()
+        if sender:
+            dist.send(payload, peer)
+            dist.recv(reply, peer)
+        else:
+            dist.recv(payload, peer)
+            dist.send(reply, peer)
+        times.append(time.perf_counter() - start)
+    (small, large), (t_small, t_large) = sizes, times
+    bandwidth = (large - small) / max(t_large - t_small, 1e-9)
+    return max(t_small - small / bandwidth, 0.0), bandwidth

@@ -1,0 +1,79 @@
+"""The engine's counters and the metrics it reports (`LLMEngine.get_metrics()`, /metrics).
+
+Counters are totals since the engine started; gauges (running, waiting, KV usage) are read
+when asked. Names follow vLLM's where it has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minserve.engine import LLMEngine
+
+
+@dataclass
+class EngineCounters:
+    """Totals since the engine started (`get_metrics()`)."""
+
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_batched_tokens: int = 0
+    num_requests_finished: int = 0
+    num_requests_aborted: int = 0
+    kv_usage_peak: float = 0.0
+    num_prefix_cache_queries: int = 0  # prompt tokens of requests that started
+    num_prefix_cache_hits: int = 0  # ... of which came from the prefix cache
+
+
+def engine_metrics(engine: LLMEngine) -> dict[str, float]:
+    """Engine counters and gauges: requests, preemptions and swaps, tokens, KV usage, the
+    prefix cache, speculative decoding and where step time went."""
+    counters, scheduler, kv = engine.counters, engine.scheduler, engine.kv
+    stats, swap = scheduler.stats, kv.swap
+    return {
+        "num_steps": counters.num_steps,
+        "num_requests_running": len(scheduler.running),
+        "num_requests_waiting": len(scheduler.waiting),
+        "num_requests_swapped": len(scheduler.swapped),
+        "num_requests_finished": counters.num_requests_finished,
+        "num_requests_aborted": counters.num_requests_aborted,
+        "num_preemptions": stats.num_preemptions,
+        "num_swapped_out": stats.num_swapped_out,
+        "num_swapped_in": stats.num_swapped_in,
+        "swap_bytes_out": swap.bytes_out if swap else 0,
+        "swap_bytes_in": swap.bytes_in if swap else 0,
+        "prompt_tokens": counters.num_prompt_tokens,
+        "generation_tokens": counters.num_generation_tokens,
+        "batched_tokens": counters.num_batched_tokens,
+        "kv_cache_usage": kv.usage,
+        "kv_cache_usage_peak": counters.kv_usage_peak,
+        "num_blocks": kv.allocator.num_blocks,
+        "num_free_blocks": kv.allocator.num_free,
+        "block_size": kv.block_size,
+        **prefix_cache_metrics(engine),
+        **(engine.speculator.metrics() if engine.speculator is not None else {}),
+        **{f"step_seconds_{name}": value for name, value in asdict(engine.timings).items()},
+    }
+
+
+def prefix_cache_metrics(engine: LLMEngine) -> dict[str, float]:
+    """vLLM's prefix_cache_queries / _hits (prompt tokens), the hit rate, and our upkeep."""
+    queries = engine.counters.num_prefix_cache_queries
+    hits = engine.counters.num_prefix_cache_hits
+    cache, prefix = engine.kv.prefix_cache, engine.kv.prefix
+    stats = prefix.stats if prefix else None
+    host = prefix.host if prefix else None
+    return {
+        "prefix_cache_queries": queries,
+        "prefix_cache_hits": hits,
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "prefix_cache_blocks": cache.num_cached_blocks if cache else 0,
+        "prefix_cache_evicted_blocks": stats.evicted_blocks if stats else 0,
+        "prefix_cache_upkeep_seconds": stats.upkeep_seconds if stats else 0.0,
+        "prefix_cache_promoted_blocks": stats.promoted_blocks if stats else 0,
+        "host_tier_bytes_out": host.bytes_demoted if host else 0,
+        "host_tier_bytes_in": host.bytes_promoted if host else 0,
+    }

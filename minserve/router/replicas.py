@@ -1,0 +1,93 @@
+"""The router's view of its replicas: address, requests in flight, health, counts.
+
+A replica that refuses a connection is marked down for `cooldown_s` and skipped; after
+that it is tried again (a successful `/health` probe brings it back at once).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "minserve_router:"
+
+
+@dataclass
+class Replica:
+    """One `minserve serve` (or any OpenAI-compatible server) behind the router."""
+
+    url: str  # e.g. http://127.0.0.1:8001, without /v1
+    in_flight: int = 0
+    down_until: float = 0.0  # time.monotonic() before which the replica is skipped
+    last_error: str = ""
+    routed: Counter[str] = field(default_factory=Counter)  # requests sent, by reason
+    matched_units: int = 0  # prompt units the router expected this replica to hold
+    errors: int = 0  # connections refused or broken
+
+    def is_up(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) >= self.down_until
+
+    def mark_down(self, error: Exception, cooldown_s: float) -> None:
+        self.errors += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+        self.down_until = time.monotonic() + cooldown_s
+
+    def mark_up(self) -> None:
+        self.down_until = 0.0
+
+
+def parse_replica_url(url: str) -> str:
+    """`http(s)://host:port` without a trailing slash or /v1; anything else is refused."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"replica URL must start with http:// or https://, got {url!r}")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+class _RouterCollector(Collector):
+    """Per-replica counts and gauges, read from the replicas at scrape time."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[Metric]:
+        routed = CounterMetricFamily(
+            PREFIX + "requests_routed", "Requests sent to a replica, by the policy's reason",
+            labels=["replica", "reason"],
+        )  # fmt: skip
+        matched = CounterMetricFamily(
+            PREFIX + "prefix_matched_units", "Prompt units (chars or tokens) the router "
+            "expected the chosen replica to hold", labels=["replica"],
+        )  # fmt: skip
+        errors = CounterMetricFamily(
+            PREFIX + "replica_errors", "Connections to a replica that failed", labels=["replica"]
+        )
+        in_flight = GaugeMetricFamily(
+            PREFIX + "requests_in_flight", "Requests in flight to a replica", labels=["replica"]
+        )
+        up = GaugeMetricFamily(PREFIX + "replica_up", "1 if the replica is routed to, 0 if "
+                               "skipped after an error", labels=["replica"])  # fmt: skip
+        now = time.monotonic()
+        for r in self.replicas:
+            for reason, count in sorted(r.routed.items()):
+                routed.add_metric([r.url, reason], count)
+            matched.add_metric([r.url], r.matched_units)
+            errors.add_metric([r.url], r.errors)
+            in_flight.add_metric([r.url], r.in_flight)
+            up.add_metric([r.url], float(r.is_up(now)))
+        yield from (routed, matched, errors, in_flight, up)
+
+
+def render_metrics(replicas: list[Replica]) -> bytes:
+    """Prometheus text for these replicas (a fresh registry: no process-wide state)."""
+    registry = CollectorRegistry()
+    registry.register(_RouterCollector(replicas))
+    return generate_latest(registry)

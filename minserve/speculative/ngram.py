@@ -1,0 +1,40 @@
+"""The n-gram proposer (prompt lookup decoding): no model, just the sequence's own tokens.
+
+Outputs often copy from their context (code edits, quotes, summaries, loops). If the last
+n tokens occurred earlier, guess that what followed them then follows them now.
+"""
+
+from __future__ import annotations
+
+from minserve.scheduler.sequence import Sequence
+from minserve.speculative.config import SpeculativeConfig
+
+
+class NgramProposer:
+    """Propose the tokens that followed the latest earlier match of the last n tokens."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.min_n = config.prompt_lookup_min
+        self.max_n = config.prompt_lookup_max
+
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
+        """One guess per sequence, each at most its limit long (may be empty)."""
+        return [self.lookup(seq.token_ids, k) for seq, k in zip(seqs, limits, strict=True)]
+
+    def lookup(self, token_ids: list[int], k: int) -> list[int]:
+        """Longest n first: a longer matching context is a better predictor."""
+        for n in range(min(self.max_n, len(token_ids) - 1), self.min_n - 1, -1):
+            start = _latest_earlier_match(token_ids, n)
+            if start is not None:
+                return token_ids[start + n : start + n + k]
+        return []
+
+
+def _latest_earlier_match(token_ids: list[int], n: int) -> int | None:
+    """Start of the latest occurrence of the last n tokens that is followed by a token."""
+    pattern = token_ids[-n:]
+    last = pattern[-1]
+    for end in range(len(token_ids) - 2, n - 2, -1):  # `end`: index of the match's last token
+        if token_ids[end] == last and token_ids[end - n + 1 : end + 1] == pattern:
+            return end - n + 1
+    return None
