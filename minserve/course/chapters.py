@@ -143,6 +143,22 @@ CHAPTERS: tuple[Chapter, ...] = (
         checks="minserve.course.checks_ch05",
     ),
     Chapter(
+        number="06",
+        slug="speculative_decoding",
+        title="Sampling and speculative decoding",
+        module="ch06_rejection_sampling",
+        sources=("speculative/verify.py",),
+        header=(
+            '"""Chapter 06, Sampling and speculative decoding: verifying a draft distribution.\n\n'
+            "A draft q proposes tokens; the target p keeps each with probability min(1, p/q)\n"
+            "and, at the first rejection, draws from the residual max(0, p - q) normalised, so\n"
+            "every token returned is distributed exactly as p (Leviathan et al., Chen et al.).\n"
+            '"""\n\n'
+            "import torch\n"
+        ),
+        checks="minserve.course.checks_ch06",
+    ),
+    Chapter(
         number="07",
         slug="tensor_parallelism",
         title="Tensor parallelism",
@@ -161,6 +177,27 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.distributed.layers import even_split, meta_parameter\n"
         ),
         checks="minserve.course.checks_ch07",
+    ),
+    Chapter(
+        number="08",
+        slug="disaggregating_prefill_and_decode",
+        title="Disaggregating prefill and decode",
+        module="ch08_transfer_rule",
+        sources=("disagg/transfer_rule.py",),
+        header=(
+            '"""Chapter 08, Disaggregating prefill and decode: transfer or recompute.\n\n'
+            "After a prefill, a request's KV cache either travels to the decode instance\n"
+            "(latency + bytes / bandwidth) or the decode instance computes the prompt again\n"
+            "(prompt tokens x seconds per prefill token). You write `TransferRule.decide`.\n"
+            '"""\n\n'
+            "from dataclasses import dataclass\n\n"
+            "from minserve.disagg.transfer_rule import (\n"
+            "    POLICIES,\n"
+            "    TransferDecision,\n"
+            "    log,  # noqa: F401  (to log each decision)\n"
+            ")\n"
+        ),
+        checks="minserve.course.checks_ch08",
     ),
 )
 

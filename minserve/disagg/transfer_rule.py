@@ -30,6 +30,7 @@ class TransferDecision:
     transfer: bool
 
 
+# >>> exercise 8.1: transfer or recompute
 @dataclass
 class TransferRule:
     """Measured link and prefill speed; `decide` picks the cheaper way per request."""
@@ -51,6 +52,13 @@ class TransferRule:
             self.recompute_s_per_token = rate if old is None else 0.75 * old + 0.25 * rate
 
     def decide(self, request_id: str, num_tokens: int, kv_bytes: int) -> TransferDecision:
+        """Estimate both ways for one request and pick the cheaper (ties: transfer).
+
+        transfer_s = latency_s + kv_bytes / bandwidth_bytes_s; recompute_s = num_tokens x
+        recompute_s_per_token (infinite while no prefill was observed). Policy "transfer" or
+        "recompute" forces the choice but still reports both estimates. Log the decision.
+        """
+        # >>> solution
         transfer_s = self.latency_s + kv_bytes / self.bandwidth_bytes_s
         recompute_s = num_tokens * (self.recompute_s_per_token or float("inf"))
         transfer = self.policy == "transfer" or (
@@ -63,6 +71,10 @@ class TransferRule:
             "transfer" if transfer else "recompute",
         )  # fmt: skip
         return decision
+        # <<< solution
+
+
+# <<< exercise
 
 
 def measure_link(peer: int, sender: bool, sizes: tuple[int, int] = (1 << 10, 1 << 22)) -> tuple:

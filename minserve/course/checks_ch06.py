@@ -1,0 +1,146 @@
+"""Checks for chapter 06 (speculative decoding), run against any module that defines
+`residual_distribution` and `rejection_sample`: minserve's own, the solutions, or a
+student's exercise file.
+
+Edge cases are chosen so that the answer is forced (a residual with one token left, a draft
+the target never picks); the distribution checks draw thousands of verifications with a
+fixed seed and bound the total-variation distance to the target, so they are stable.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+NUM_SAMPLES = 6000
+TV_BOUND = 0.03  # TV of 6000 draws over 4 tokens is about 0.01; a wrong rule is off by >0.1
+P = torch.tensor([0.5, 0.3, 0.15, 0.05])  # the target
+Q = torch.tensor([0.1, 0.6, 0.1, 0.2])  # a draft that over-proposes tokens 1 and 3
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    return [round(float(v), 4) for v in values]
+
+
+def _generator(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _first_token_frequencies(
+    impl: ModuleType, target: torch.Tensor, draft: torch.Tensor
+) -> tuple[torch.Tensor, float]:
+    """Frequencies of the first token returned over NUM_SAMPLES one-draft verifications,
+    the draft itself drawn from `draft`, and the fraction of drafts accepted."""
+    generator = _generator()
+    counts = torch.zeros(len(target))
+    accepted = 0
+    target_rows = torch.stack([target, target])  # [k + 1 = 2, vocab]
+    for _ in range(NUM_SAMPLES):
+        proposal = int(torch.multinomial(draft, 1, generator=generator))
+        tokens = impl.rejection_sample(target_rows, draft[None], [proposal], generator)
+        counts[tokens[0]] += 1
+        accepted += len(tokens) == 2
+    return counts / NUM_SAMPLES, accepted / NUM_SAMPLES
+
+
+def check_the_residual_keeps_only_what_the_target_wants_more_of(impl: ModuleType) -> None:
+    """max(0, p - q) normalised: p = [0.5, 0.3, 0.15, 0.05], q = [0.1, 0.6, 0.1, 0.2]."""
+    got = impl.residual_distribution(P, Q)
+    expected = torch.tensor([0.4, 0.0, 0.05, 0.0]) / 0.45
+    assert torch.allclose(got, expected, atol=1e-6), (
+        f"residual_distribution(p={_rounded(P)}, q={_rounded(Q)}): expected "
+        f"{_rounded(expected)}, got {_rounded(got)}"
+    )
+
+
+def check_the_residual_of_a_one_hot_draft_is_the_target_without_it(impl: ModuleType) -> None:
+    """A deterministic draft (q one-hot at token 1): the residual is p with token 1 removed."""
+    one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    got = impl.residual_distribution(P, one_hot)
+    expected = torch.tensor([0.5, 0.0, 0.15, 0.05]) / 0.7
+    assert torch.allclose(got, expected, atol=1e-6), (
+        f"residual_distribution(p={_rounded(P)}, q={_rounded(one_hot)}): expected "
+        f"{_rounded(expected)}, got {_rounded(got)}"
+    )
+
+
+def check_the_residual_of_equal_distributions_is_the_target(impl: ModuleType) -> None:
+    """p == q leaves no excess mass: return p itself (no NaN from 0 / 0), row by row."""
+    rows = torch.stack([P, Q])  # [2, vocab]
+    got = impl.residual_distribution(rows, rows)
+    assert torch.equal(got, rows), (
+        f"residual_distribution(p, p) for rows {[_rounded(r) for r in rows]}: expected p "
+        f"itself, got {[_rounded(r) for r in got]}"
+    )
+
+
+def check_drafts_equal_to_the_target_are_all_kept_plus_a_bonus(impl: ModuleType) -> None:
+    """q == p at every position: all 3 drafts are kept, then the bonus from row k (one-hot)."""
+    target = torch.stack([P, Q, P, torch.tensor([0.0, 0.0, 1.0, 0.0])])  # [k + 1 = 4, vocab]
+    got = impl.rejection_sample(target, target[:3], [0, 1, 3], _generator())
+    assert got == [0, 1, 3, 2], (
+        "3 drafts [0, 1, 3] with q == p at each position and row 3 one-hot at token 2: "
+        f"expected [0, 1, 3, 2], got {got}"
+    )
+
+
+def check_a_draft_the_target_never_picks_is_replaced_from_the_residual(impl: ModuleType) -> None:
+    """p(d) = 0 rejects d at once; the residual leaves one token, which ends the output."""
+    target = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4, [0.25] * 4])  # [k + 1 = 3, vocab]
+    draft = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.25] * 4])  # [k = 2, vocab]
+    for seed in range(5):
+        got = impl.rejection_sample(target, draft, [1, 0], _generator(seed))
+        assert got == [2], (
+            f"seed {seed}: the target gives draft 1 probability 0 and all its mass to token 2: "
+            f"expected [2] (reject, resample, stop), got {got}"
+        )
+
+
+def check_a_rejection_stops_the_walk(impl: ModuleType) -> None:
+    """Draft 0 kept (p = q), draft 1 rejected (p(d) = 0): two tokens, the second resampled."""
+    target = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.25] * 4])
+    draft = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    got = impl.rejection_sample(target, draft, [0, 1], _generator())
+    assert got == [0, 3], (
+        "draft 0 where p = q = one-hot, draft 1 where p gives it 0 and token 3 all: "
+        f"expected [0, 3], got {got}"
+    )
+
+
+def check_the_first_token_is_distributed_as_the_target(impl: ModuleType) -> None:
+    """Drafts drawn from q, verified against p: the first token's frequencies match p."""
+    freqs, accepted = _first_token_frequencies(impl, P, Q)
+    tv = 0.5 * float((freqs - P).abs().sum())
+    assert tv < TV_BOUND, (
+        f"{NUM_SAMPLES} verifications of one draft from q={_rounded(Q)}: expected token "
+        f"frequencies close to p={_rounded(P)} (total variation < {TV_BOUND}), got "
+        f"{_rounded(freqs)} (total variation {tv:.3f})"
+    )
+    expected = float(torch.minimum(P, Q).sum())  # 1 - TV(p, q)
+    assert abs(accepted - expected) < 0.03, (
+        f"acceptance rate: expected sum(min(p, q)) = {expected:.3f}, got {accepted:.3f}"
+    )
+
+
+def check_a_one_hot_draft_also_leaves_the_target_unchanged(impl: ModuleType) -> None:
+    """Always proposing token 0 (a deterministic draft, q one-hot): still distributed as p."""
+    one_hot = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    freqs, accepted = _first_token_frequencies(impl, P, one_hot)
+    tv = 0.5 * float((freqs - P).abs().sum())
+    assert tv < TV_BOUND, (
+        f"{NUM_SAMPLES} verifications of the draft token 0 (q one-hot): expected frequencies "
+        f"close to p={_rounded(P)} (total variation < {TV_BOUND}), got {_rounded(freqs)}"
+    )
+
+
+CHECKS = [
+    check_the_residual_keeps_only_what_the_target_wants_more_of,
+    check_the_residual_of_a_one_hot_draft_is_the_target_without_it,
+    check_the_residual_of_equal_distributions_is_the_target,
+    check_drafts_equal_to_the_target_are_all_kept_plus_a_bonus,
+    check_a_draft_the_target_never_picks_is_replaced_from_the_residual,
+    check_a_rejection_stops_the_walk,
+    check_the_first_token_is_distributed_as_the_target,
+    check_a_one_hot_draft_also_leaves_the_target_unchanged,
+]
