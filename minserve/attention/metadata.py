@@ -50,6 +50,14 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return self.slot_mapping.shape[0]
 
+    def check_num_tokens(self, num_tokens: int) -> None:
+        """A backend called on a batch the metadata was not built from fails here, plainly."""
+        if num_tokens != self.num_tokens:
+            raise ValueError(
+                f"step has {num_tokens} tokens but the attention metadata maps "
+                f"{self.num_tokens}; build the metadata from the same batch"
+            )
+
     @property
     def query_lens(self) -> torch.Tensor:
         """[num_seqs] int32: new tokens of each sequence in this step."""

@@ -165,11 +165,7 @@ class TorchPagedAttention:
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        if q.shape[0] != self.metadata.num_tokens:
-            raise ValueError(
-                f"step has {q.shape[0]} tokens but the attention metadata maps "
-                f"{self.metadata.num_tokens}; build the metadata from the same batch"
-            )
+        self.metadata.check_num_tokens(q.shape[0])
         k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
         paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
         return attend_groups(q, k_cache, v_cache, self.groups, self.scale)

@@ -17,7 +17,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minserve.bench.chunked_itl import ItlConfig, ItlResult, ItlWorkload, comparison, run_configs
-from minserve.bench.run_env import RunRecord, write_json
+from minserve.bench.run_env import RunRecord, write_results
 
 TARGET_P99_REDUCTION = 3.0  # at least this many times lower p99 ITL with chunking
 TARGET_THROUGHPUT_RATIO = 0.90  # for at most 10% less throughput
@@ -108,12 +108,7 @@ def run_command(args: argparse.Namespace) -> int:
         "chosen_budget": args.chosen_budget,
     }
     report = build_report(record, settings, results, tokens)
-    paths = [write_json(report, args.output.with_suffix(".json"))]
-    paths.append(args.output.with_suffix(".md"))
-    paths[-1].write_text(markdown(report))
-    paths.append(write_plot(report, args.output.with_suffix(".png")))
-    print(markdown(report))
-    print("wrote " + ", ".join(map(str, paths)))
+    write_results(report, args.output, markdown(report), write_plot)
     return 0
 
 

@@ -23,7 +23,7 @@ from minserve.bench.prefix import (
     run_multi_turn,
     run_shared_prefix,
 )
-from minserve.bench.run_env import RunRecord, write_json
+from minserve.bench.run_env import RunRecord, write_results
 
 TARGETS = {"hit_rate_of_ideal": 0.90, "ttft_speedup_on_hits": 5.0, "upkeep_fraction": 0.01}
 
@@ -74,12 +74,7 @@ def run_command(args: argparse.Namespace) -> int:
     record.finish()
     report = build_report(record, {"shared_prefix": asdict(shared), "multi_turn": asdict(chat),
                                    "block_size": args.block_size}, runs)  # fmt: skip
-    paths = [write_json(report, args.output.with_suffix(".json"))]
-    paths.append(args.output.with_suffix(".md"))
-    paths[-1].write_text(markdown(report))
-    paths.append(write_plot(report, args.output.with_suffix(".png")))
-    print(markdown(report))
-    print("wrote " + ", ".join(map(str, paths)))
+    write_results(report, args.output, markdown(report), write_plot)
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,3 +59,21 @@ def write_json(data: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def write_results(
+    report: dict[str, Any],
+    output: Path,
+    page: str,
+    plot: Callable[[dict[str, Any], Path], Path] | None = None,
+) -> list[Path]:
+    """A benchmark's results beside each other: output.json, output.md (`page`) and, with
+    `plot`, output.png; prints the page and where the files went."""
+    paths = [write_json(report, output.with_suffix(".json"))]
+    paths.append(output.with_suffix(".md"))
+    paths[-1].write_text(page)
+    if plot is not None:
+        paths.append(plot(report, output.with_suffix(".png")))
+    print(page)
+    print("wrote " + ", ".join(map(str, paths)))
+    return paths

@@ -22,7 +22,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from minserve.bench.run_env import RunRecord, write_json
+from minserve.bench.run_env import RunRecord, write_results
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.scheduler import SchedulerOutput
 from minserve.step_timings import OVERHEAD_PHASES, StepTimings
@@ -179,11 +179,7 @@ def run_command(args: argparse.Namespace) -> int:
         "results": [r.to_dict() for r in results],
         "target": {"num_requests": TARGET_BATCH, "overhead_fraction_below": TARGET_FRACTION},
     }
-    json_path = write_json(report, args.output.with_suffix(".json"))
-    md_path = args.output.with_suffix(".md")
-    md_path.write_text(markdown(report, record))
-    print(md_path.read_text())
-    print(f"wrote {json_path}, {md_path}")
+    write_results(report, args.output, markdown(report, record))
     return 0
 
 

@@ -13,17 +13,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from minserve.errors import ModelLoadError
 from minserve.model.config import ModelConfig
 from minserve.model.default_model import default_model_path
-from minserve.model.gguf_loader import (
-    config_from_gguf,
-    hf_name,
-    open_gguf,
-    tensor_to_numpy,
-    unpermute_rope_rows,
-)
-from minserve.model.hf_loader import config_from_hf, read_json
+from minserve.model.gguf_loader import config_from_gguf, hf_name, open_gguf, read_gguf_tensor
+from minserve.model.hf_loader import config_from_hf, safetensors_files
 
 
 class CheckpointTensors:
@@ -49,21 +42,13 @@ class CheckpointTensors:
         if self.path.is_dir():
             with safe_open(self._files[name], framework="pt") as f:
                 return f.get_tensor(name)
-        values = tensor_to_numpy(self._gguf[name])
-        if self.config.architecture == "llama" and ".q_proj." in name:
-            values = unpermute_rope_rows(values, self.config.num_heads)
-        elif self.config.architecture == "llama" and ".k_proj." in name:
-            values = unpermute_rope_rows(values, self.config.num_kv_heads)
-        return torch.from_numpy(values)
+        return read_gguf_tensor(self._gguf[name], self.config)
 
 
 def _safetensors_files(folder: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it (single file or sharded index)."""
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        return {name: folder / f for name, f in read_json(index)["weight_map"].items()}
-    single = folder / "model.safetensors"
-    if not single.exists():
-        raise ModelLoadError(f"no weights in {folder}: expected model.safetensors or an index")
-    with safe_open(single, framework="pt") as f:
-        return dict.fromkeys(f.keys(), single)
+    files: dict[str, Path] = {}
+    for path in safetensors_files(folder):
+        with safe_open(path, framework="pt") as f:
+            files.update(dict.fromkeys(f.keys(), path))
+    return files

@@ -132,12 +132,14 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 def weights_from_gguf(reader: GGUFReader, config: ModelConfig) -> dict[str, torch.Tensor]:
     """All tensors of the file, dequantized and renamed to Hugging Face names."""
-    weights: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        values = tensor_to_numpy(tensor)
-        if config.architecture == "llama" and ".attn_q." in tensor.name:
-            values = unpermute_rope_rows(values, config.num_heads)
-        elif config.architecture == "llama" and ".attn_k." in tensor.name:
-            values = unpermute_rope_rows(values, config.num_kv_heads)
-        weights[hf_name(tensor.name)] = torch.from_numpy(values)
-    return weights
+    return {hf_name(t.name): read_gguf_tensor(t, config) for t in reader.tensors}
+
+
+def read_gguf_tensor(tensor: ReaderTensor, config: ModelConfig) -> torch.Tensor:
+    """One tensor of the file, dequantized, with llama's q/k rows back in HF's layout."""
+    values = tensor_to_numpy(tensor)
+    if config.architecture == "llama" and ".attn_q." in tensor.name:
+        values = unpermute_rope_rows(values, config.num_heads)
+    elif config.architecture == "llama" and ".attn_k." in tensor.name:
+        values = unpermute_rope_rows(values, config.num_kv_heads)
+    return torch.from_numpy(values)

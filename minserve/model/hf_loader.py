@@ -97,6 +97,14 @@ def _eos_ids(folder: Path, raw: dict) -> tuple[int, ...]:
 
 def weights_from_hf(folder: Path) -> dict[str, torch.Tensor]:
     """Read model.safetensors, or every shard named by model.safetensors.index.json."""
+    weights: dict[str, torch.Tensor] = {}
+    for path in safetensors_files(folder):
+        weights.update(_load_safetensors(path))
+    return weights
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The folder's weight files: model.safetensors, or the shards its index names."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(read_json(index)["weight_map"].values()))
@@ -107,15 +115,14 @@ def weights_from_hf(folder: Path) -> dict[str, torch.Tensor]:
             f"no weights in {folder}: expected model.safetensors or "
             "model.safetensors.index.json (minserve reads safetensors only)"
         )
-    weights: dict[str, torch.Tensor] = {}
-    for name in files:
-        weights.update(_load_safetensors(folder / name))
-    return weights
+    missing = [name for name in files if not (folder / name).exists()]
+    if missing:
+        shard = folder / missing[0]
+        raise ModelLoadError(f"weight shard {shard} is listed in the index but missing")
+    return [folder / name for name in files]
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    if not path.exists():
-        raise ModelLoadError(f"weight shard {path} is listed in the index but missing")
     try:
         return load_file(path)
     except (SafetensorError, OSError) as e:
