@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_engine import assert_all_blocks_free, token_ids
 
 from minserve import LLM, SamplingParams
 from minserve.kvcache.block_allocator import BlockAllocator
@@ -38,16 +39,6 @@ def repetitive_workload(count: int, seed: int):
         for _ in range(count)
     ]
     return prompts, params
-
-
-def token_ids(outputs) -> list[list[int]]:
-    return [c.token_ids for out in outputs for c in out.outputs]
-
-
-def assert_all_blocks_free(llm: LLM) -> None:
-    allocator = llm.engine.kv.allocator
-    assert allocator.num_free == allocator.num_blocks
-    assert all(allocator.refcount(b) == 0 for b in range(allocator.num_blocks))
 
 
 def assert_tables_hold_only_computed_tokens(engine) -> None:
@@ -112,7 +103,7 @@ def test_greedy_identity(model, workload, expected, options, method) -> None:
     metrics = llm.get_metrics()
     assert metrics["spec_decode_num_accepted_tokens"] > 0  # speculation really happened
     if llm.engine.kv.prefix_cache is None:
-        assert_all_blocks_free(llm)
+        assert_all_blocks_free(llm.engine)
     else:
         assert metrics["num_free_blocks"] + metrics["prefix_cache_blocks"] == metrics["num_blocks"]
 
@@ -168,7 +159,7 @@ def test_mixed_batch_with_sampling_n_and_stops(model, workload, expected) -> Non
             got = [lp[t] for lp, t in zip(a.outputs[0].logprobs, a.outputs[0].token_ids)]
             want = [lp[t] for lp, t in zip(b.outputs[0].logprobs, b.outputs[0].token_ids)]
             assert got == pytest.approx(want, abs=1e-4)
-    assert_all_blocks_free(spec_llm)
+    assert_all_blocks_free(spec_llm.engine)
 
 
 @pytest.mark.parametrize("method", [NGRAM, EARLY_EXIT], ids=["ngram", "early_exit"])
@@ -185,7 +176,7 @@ def test_aborts_leave_every_block_free(model, workload, method) -> None:
         if step % 3 == 0:
             engine.abort_request(str(rng.randrange(len(prompts))))
     assert llm.get_metrics()["num_requests_aborted"] > 0
-    assert_all_blocks_free(llm)
+    assert_all_blocks_free(llm.engine)
 
 
 @pytest.mark.parametrize(
@@ -214,7 +205,7 @@ def test_draft_model_identical_to_target_is_always_accepted(model, workload, exp
     metrics = llm.get_metrics()
     assert metrics["spec_decode_num_draft_tokens"] > 0
     assert metrics["spec_decode_acceptance_rate"] == 1.0
-    assert_all_blocks_free(llm)
+    assert_all_blocks_free(llm.engine)
     draft = llm.engine.speculator.proposer
     assert draft.allocator.num_free == draft.allocator.num_blocks and not draft.states
 
@@ -224,7 +215,7 @@ def test_draft_model_that_disagrees_changes_nothing(tiny_model, model, workload,
         **DRAFT, "model": tiny_model("qwen2")})  # fmt: skip
     assert token_ids(llm.generate(*workload, use_tqdm=False)) == expected
     assert llm.get_metrics()["spec_decode_num_draft_tokens"] > 0
-    assert_all_blocks_free(llm)
+    assert_all_blocks_free(llm.engine)
 
 
 def test_early_exit_needs_fewer_layers_than_the_target(model) -> None:
