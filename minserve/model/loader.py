@@ -13,6 +13,7 @@ from minserve.model.default_model import default_model_path
 from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
 from minserve.model.llama import CausalLM, RotaryEmbedding
+from minserve.model.packed_linear import can_prepack, prepack_linears
 from minserve.model.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,8 +58,11 @@ def load_model(
     model: str | Path | None = None,
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "auto",
+    prepack: bool = True,
 ) -> LoadedModel:
-    """Load a GGUF file or a Hugging Face checkpoint folder (None: the bundled SmolLM2)."""
+    """Load a GGUF file or a Hugging Face checkpoint folder (None: the bundled SmolLM2).
+
+    `prepack`: on a CPU, reorder the linear weights once for oneDNN (`packed_linear.py`)."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -77,7 +81,7 @@ def load_model(
         config = config_from_gguf(reader)
         weights = weights_from_gguf(reader, config)
         tokenizer = Tokenizer.from_gguf(path)
-    net = build_model(config, weights, resolve_dtype(dtype, target), target)
+    net = build_model(config, weights, resolve_dtype(dtype, target), target, prepack)
     return LoadedModel(path=path, config=config, model=net, tokenizer=tokenizer)
 
 
@@ -86,6 +90,7 @@ def build_model(
     weights: dict[str, torch.Tensor],
     dtype: torch.dtype,
     device: torch.device,
+    prepack: bool = False,
 ) -> CausalLM:
     """Create the decoder without initialising it, then adopt the checkpoint's tensors."""
     with torch.device("meta"):
@@ -100,6 +105,8 @@ def build_model(
     net.rope = RotaryEmbedding(config).to(device)  # computed, not loaded
     if config.tie_word_embeddings:
         net.lm_head.weight = net.model.embed_tokens.weight
+    if prepack and can_prepack(device, dtype):
+        prepack_linears(net)
     return net.eval()
 
 

@@ -1,0 +1,63 @@
+"""Prepacked linear layers: each weight reordered once into oneDNN's blocked layout (CPU).
+
+`F.linear` on a CPU gives the GEMM a plain row-major weight on every call, and the GEMM
+copies it into cache-sized panels as it goes. A decode step has a handful of activation
+rows, so that repacking, not the arithmetic, is much of a linear's cost. oneDNN can do the
+reorder once, at load time; each call then streams the packed weight (vLLM's CPU backend
+does the same with its `onednn_mm`). The sums are the same, taken in another order: the
+outputs differ from `F.linear` by rounding (about 1e-6 relative in fp32).
+
+`benchmarks/packed_linear.md` has the speed-ups measured on this machine.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN packs weights on CPUs, for fp32 and bf16."""
+    return (
+        device.type == "cpu" and dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
+    )
+
+
+class PackedLinear(nn.Module):
+    """`nn.Linear` whose forward runs oneDNN's inner product on a prepacked weight.
+
+    `weight` and `bias` stay as they were (a tied embedding shares the weight, and
+    `state_dict()` still names it); `packed` is the reordered copy the forward reads.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # [out, in]
+        self.bias = linear.bias
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.register_buffer("packed", packed, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # [N, in]
+        bias = None if self.bias is None else self.bias.detach()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)  # [..., out]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+
+
+def prepack_linears(model: nn.Module) -> int:
+    """Replace every `nn.Linear` inside `model` by a `PackedLinear`; return how many."""
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
+    for parent, name, child in targets:
+        setattr(parent, name, PackedLinear(child))
+    return len(targets)

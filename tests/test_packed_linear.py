@@ -1,0 +1,67 @@
+"""Prepacked oneDNN linears against `F.linear`, and the loader's use of them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minserve.llm import LLM
+from minserve.model.loader import load_model
+from minserve.model.packed_linear import PackedLinear, can_prepack, prepack_linears
+from minserve.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
+)
+
+TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}  # (rtol, atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 8, 61, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_f_linear(dtype, rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias).to(dtype)
+    x = torch.randn(rows, 96, dtype=dtype)
+    with torch.inference_mode():
+        expected = F.linear(x, linear.weight, linear.bias)
+        got = PackedLinear(linear)(x)
+    rtol, atol = TOLERANCE[dtype]
+    assert got.dtype == dtype and got.shape == (rows, 200)
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
+
+
+def test_packed_linear_keeps_leading_dims_and_the_weight():
+    linear = nn.Linear(16, 24)
+    packed = PackedLinear(linear)
+    x = torch.randn(2, 5, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), linear(x), rtol=2e-5, atol=1e-5)
+    assert packed.weight is linear.weight and "packed" not in packed.state_dict()
+
+
+def test_prepack_replaces_every_linear_and_keeps_tied_weights():
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
+    assert prepack_linears(net) == 2
+    assert isinstance(net[0], PackedLinear) and isinstance(net[2][0], PackedLinear)
+    assert prepack_linears(net) == 0  # already packed
+
+
+def test_loader_packs_on_cpu_and_output_is_unchanged(tiny_model):
+    path = tiny_model("llama")
+    packed, plain = load_model(path), load_model(path, prepack=False)
+    assert can_prepack(torch.device("cpu"), torch.float32)
+    assert isinstance(packed.model.lm_head, PackedLinear)
+    assert packed.model.lm_head.weight is packed.model.model.embed_tokens.weight  # still tied
+    assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=1)
+    prompts = [[1, 5, 9, 200, 17, 3000], [7] * 40]
+    runs = [LLM(lm).generate(prompts, params, use_tqdm=False) for lm in (packed, plain)]
+    for got, expected in zip(*runs):
+        assert got.outputs[0].token_ids == expected.outputs[0].token_ids
+        for a, b in zip(got.outputs[0].logprobs, expected.outputs[0].logprobs):
+            assert a.keys() == b.keys()
+            assert all(abs(a[t] - b[t]) < 1e-4 for t in a)
