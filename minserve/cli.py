@@ -7,7 +7,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from minserve.bench import chunked_itl_report, prefix_report, router, sched_overhead, serve
+from minserve.bench import (
+    chunked_itl_report,
+    disagg,
+    prefix_report,
+    router,
+    sched_overhead,
+    serve,
+    speculative_report,
+)
 from minserve.course import check
 from minserve.router.cli import add_router_parser
 from minserve.server.cli import add_serve_parser
@@ -97,6 +105,8 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_parser(kinds)
     prefix_report.add_parser(kinds)
     router.add_parser(kinds)
+    disagg.add_parser(kinds)
+    speculative_report.add_parser(kinds)
 
 
 def _bench_offline(args: argparse.Namespace) -> int:

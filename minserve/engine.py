@@ -35,7 +35,7 @@ from minserve.sampling_params import SamplingParams
 from minserve.scheduler.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
-from minserve.speculative.decoder import SpeculativeDecoder
+from minserve.speculative.decoder import Proposal, SpeculativeDecoder
 from minserve.step_timings import PhaseClock, StepTimings
 
 
@@ -166,8 +166,10 @@ class LLMEngine:
         if batch.is_empty:
             self._check_progress()
             return []
+        proposal = None
         if self.speculator is not None:
-            self.speculator.propose(batch, self.rules)  # drafts for decodes, with KV slots
+            proposal = self.speculator.propose(batch, self.rules)  # drafts, with KV slots
+            clock.lap("propose")
         inputs = self.runner.prepare(batch.scheduled)
         clock.lap("prepare")
         logits = self.runner.forward(inputs)  # [num_sampling, vocab]
@@ -180,7 +182,7 @@ class LLMEngine:
             self._cache_filled_blocks(s.seq)
             if s.seq.num_uncomputed_tokens == 0:
                 sampling.append(s.seq)
-        outputs = self._sample_and_append(sampling, logits, clock, batch)
+        outputs = self._sample_and_append(sampling, logits, clock, batch, proposal)
         self.last_timings = clock.timings
         self.timings.add(clock.timings)
         return outputs
@@ -191,6 +193,7 @@ class LLMEngine:
         logits: torch.Tensor,
         clock: PhaseClock,
         batch: SchedulerOutput,
+        proposal: Proposal | None,
     ) -> list[RequestOutput]:
         targets, rows_of_logits = [], []
         for i, seq in enumerate(sampling):
@@ -199,11 +202,13 @@ class LLMEngine:
             rows_of_logits += [i] * len(family)
         rows = [t.sample.sampling_row(self.rules) for t in targets]
         clock.lap("update")
-        if self.speculator is None:
+        if self.speculator is None or proposal is None:
             result = self.sampler(logits[rows_of_logits], rows)
             emitted = zip(targets, result.token_ids, result.logprobs)
         else:  # several tokens per sequence: accepted drafts, then the target's own
-            verified = self.speculator.verify(batch, targets, logits, self.sampler, self.rules)
+            verified = self.speculator.verify(
+                batch, proposal, targets, logits, self.sampler, self.rules, clock.timings
+            )
             emitted = self.speculator.emitted_tokens(verified)
         clock.lap("sample")
         progressed: dict[str, Request] = {}

@@ -2,8 +2,9 @@
 
 `LLMEngine.step()` laps a `PhaseClock` after each phase; the engine keeps the latest step's
 `StepTimings` and their totals (`get_metrics()`). Scheduler overhead is everything that is
-neither the model forward nor sampling: a serving engine wants it to be a few percent of a
-step (`minserve bench scheduler-overhead`).
+neither the model forward, nor the speculative proposer (a draft model's forwards), nor
+sampling: a serving engine wants it to be a few percent of a step (`minserve bench
+scheduler-overhead`).
 
 On a GPU, kernels run asynchronously: `forward` then measures launching them and `sample`
 includes waiting for them; their sum, and the CPU-side overhead phases, stay right.
@@ -22,6 +23,7 @@ class StepTimings:
     """Seconds spent in each phase of `LLMEngine.step()` (one step, or a sum of steps)."""
 
     schedule: float = 0.0  # scheduler.schedule(): who runs, how many tokens, blocks
+    propose: float = 0.0  # speculative decoding: the proposer's drafts (model work, not overhead)
     prepare: float = 0.0  # flat input ids, positions, slot mapping, block tables as tensors
     forward: float = 0.0  # the decoder and the logits of the sampling rows
     sample: float = 0.0  # the sampler

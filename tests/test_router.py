@@ -63,7 +63,18 @@ def client(url: str) -> OpenAI:
     return OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
-def finished(replica: BackgroundServer, at_least: int = 0, timeout_s: float = 5.0) -> int:
+def settled_stats(replica: BackgroundServer, timeout_s: float = 30.0) -> dict:
+    """The replica's stats once its engine is idle and the snapshot has caught up with it."""
+    engine, deadline = replica.server.engine, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = engine.stats
+        if not engine.engine.has_unfinished_requests() and stats == engine.engine.get_metrics():
+            return stats
+        time.sleep(0.01)
+    raise AssertionError(f"replica {replica.url} did not settle within {timeout_s} s")
+
+
+def finished(replica: BackgroundServer, at_least: int = 0, timeout_s: float = 30.0) -> int:
     """Requests the replica's engine finished (its stats snapshot trails by one loop)."""
     deadline = time.monotonic() + timeout_s
     while (count := replica.server.engine.stats["num_requests_finished"]) < at_least:
@@ -115,8 +126,9 @@ def test_streams_come_through_the_openai_client_unchanged(cache_aware, replicas)
 def test_cache_aware_sends_a_shared_prefix_to_one_replica_whose_cache_then_hits(
     cache_aware, replicas
 ):
-    before = [finished(r) for r in replicas]
-    hits_before = [r.server.engine.stats["prefix_cache_hits"] for r in replicas]
+    settled = [settled_stats(r) for r in replicas]
+    before = [int(s["num_requests_finished"]) for s in settled]
+    hits_before = [s["prefix_cache_hits"] for s in settled]
     answered = [send(cache_aware.url, SHARED + f"Question {i}: why?") for i in range(4)]
     assert len(set(answered)) == 1
     chosen = [r.url for r in replicas].index(answered[0])

@@ -17,6 +17,7 @@ import torch
 
 from minserve import LLM, SamplingParams
 from minserve.model.sampler import apply_top_k, apply_top_p
+from minserve.speculative.draft import Draft
 
 PROMPT = [5, 900, 77, 1234, 5, 900, 77]
 LENGTH, NUM_SAMPLES = 3, 600
@@ -28,14 +29,14 @@ class PathProposer:
     def __init__(self, best_next: dict[tuple[int, ...], int]) -> None:
         self.best_next = best_next
 
-    def propose(self, seqs, limits: list[int]) -> list[list[int]]:
+    def propose(self, seqs, limits: list[int], rows) -> list[Draft]:
         guesses = []
         for seq, k in zip(seqs, limits):
             path, guess = tuple(seq.token_ids[len(PROMPT) :]), []
             while len(guess) < k and path in self.best_next:
                 guess.append(self.best_next[path])
                 path += (guess[-1],)
-            guesses.append(guess)
+            guesses.append(Draft(guess))  # deterministic: q one-hot
         return guesses
 
 

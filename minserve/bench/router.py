@@ -1,30 +1,31 @@
 """`minserve bench router`: round_robin against cache_aware routing over the same replicas.
 
-    minserve bench router --replicas 2 --workload multi-turn --num-prompts 16 \
-        --request-rate 4 --goodput ttft:1000 tpot:100 --output benchmarks/router
+    minserve bench router --threads 2      # writes benchmarks/router.{json,md,png}
 
-For each policy, fresh replicas (one `LLM` each, prefix caching on, sharing the loaded
-weights) are served in this process with a router in front; `bench serve`'s load generator
-runs the workload through the router; then each replica's engine says how many prompt tokens
-its prefix cache served. Same workload, seed and arrivals for both policies, one run: the
-ratio is what to read. Replicas share this process's cores, so absolute times are pessimistic.
+For each workload (multi-turn chat, shared prefix) and each policy, fresh replicas (one `LLM`
+each, prefix caching on, sharing the loaded weights) are served in this process with a
+router in front; `bench serve`'s load generator runs the workload through the router; then
+each replica's engine says how many prompt tokens its prefix cache served. Same workload,
+seed and arrivals for both policies, one run: the ratio is what to read. Replicas share
+this process's cores, so absolute times are pessimistic.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import math
+import random
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from minserve.bench.run_env import RunRecord, write_results
 from minserve.bench.serve import first_model
 from minserve.bench.serve_client import Endpoint
 from minserve.bench.serve_load import LoadSpec, run_load
 from minserve.bench.serve_metrics import parse_goodput, summarize
-from minserve.bench.serve_workloads import WORKLOADS, WorkloadSpec, build_workload
+from minserve.bench.serve_workloads import WORKLOADS, Session, WorkloadSpec, build_workload
 from minserve.router.policy import POLICIES
 
 if TYPE_CHECKING:
@@ -39,49 +40,79 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--balance-threshold", type=int, default=4)
-    p.add_argument("--workload", default="multi-turn", choices=WORKLOADS)
-    p.add_argument("--num-prompts", type=int, default=16, help="sessions")
+    p.add_argument("--workloads", default="multi-turn,shared-prefix",
+                   help=f"comma-separated, from {', '.join(WORKLOADS)}")  # fmt: skip
+    p.add_argument("--num-prompts", type=int, default=16, help="sessions per workload")
     p.add_argument("--input-len", type=int, default=32, help="tokens (words for multi-turn)")
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--prefix-len", type=int, default=256, help="shared-prefix: shared tokens")
+    p.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: distinct ones")
     p.add_argument("--num-turns", type=int, default=3, help="multi-turn: turns per session")
-    p.add_argument("--request-rate", type=float, default=math.inf, help="sessions/s")
+    p.add_argument("--request-rate", type=float, default=2.0, help="sessions/s (inf: at once)")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--goodput", nargs="*", default=["ttft:1000", "tpot:100"], metavar="NAME:MS")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per replica")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", type=Path, default=None, help="write OUTPUT.json and OUTPUT.md")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--max-load", type=float, default=None, help="wait for a load below this")
+    p.add_argument("--max-wait", type=float, default=600.0, help="seconds to wait for it")
+    p.add_argument("--output", type=Path, default=Path("benchmarks/router"),
+                   help="writes OUTPUT.json, OUTPUT.md and OUTPUT.png")  # fmt: skip
     p.set_defaults(run=_run_cli)
 
 
 def _run_cli(args: argparse.Namespace) -> int:
+    from minserve.cli import _choices  # comma-separated options, checked (lazy: no cycle)
     from minserve.llm import LLM
 
     if args.replicas < 2:
         raise ValueError(f"--replicas must be at least 2 to compare routing, got {args.replicas}")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies or any(p not in POLICIES for p in policies):
-        raise ValueError(f"--policies: choose from {', '.join(POLICIES)}, got {args.policies!r}")
+    policies = _choices(args.policies, POLICIES, "policy")
+    workloads = _choices(args.workloads, WORKLOADS, "workload")
     slos = parse_goodput(args.goodput)
-    spec = WorkloadSpec(args.workload, args.num_prompts, args.input_len, args.output_len,
+    base = WorkloadSpec(workloads[0], args.num_prompts, args.input_len, args.output_len,
                         args.prefix_len, args.num_turns, seed=args.seed)  # fmt: skip
     load = LoadSpec(args.request_rate, max_concurrency=args.max_concurrency, seed=args.seed)
-    loaded = LLM(args.model, engine="reference").loaded  # weights once, for every replica
-    runs = [_run_policy(loaded, policy, spec, load, slos, args) for policy in policies]
-    report = {"command": args.command_line, "workload": spec.__dict__, "runs": runs}
-    report["load"] = {"request_rate": str(load.request_rate),
-                      "max_concurrency": load.max_concurrency}  # fmt: skip
-    print(markdown(report))
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.with_suffix(".json").write_text(json.dumps(report, indent=2))
-        args.output.with_suffix(".md").write_text(f"`{args.command_line}`\n\n{markdown(report)}\n")
-        print(f"wrote {args.output.with_suffix('.json')}, {args.output.with_suffix('.md')}")
+    record = RunRecord.start(args.command_line, args.threads, args.max_load, args.max_wait)
+    warm = LLM(args.model, num_blocks=32)  # weights once, for every replica
+    warm.generate([list(range(100, 300))], use_tqdm=False)  # warm-up: a prefill and decodes
+    runs = []
+    for workload in workloads:
+        for policy in policies:
+            print(f"running {workload}, {policy} ...", flush=True)
+            spec = replace(base, name=workload)
+            sessions = sessions_for(spec, args.num_prefixes)
+            runs.append({"workload": workload, **_run_policy(warm.loaded, policy, sessions, load,
+                                                             slos, args)})  # fmt: skip
+    record.finish()
+    settings = {**asdict(base), "replicas": args.replicas, "request_rate": str(load.request_rate),
+                "max_concurrency": load.max_concurrency, "goodput_slos_s": slos,
+                "balance_threshold": args.balance_threshold,
+                "num_prefixes": args.num_prefixes}  # fmt: skip
+    settings.pop("name")
+    report = {"command": record.command, "date": record.date, "machine": record.machine,
+              "settings": settings, "runs": runs, "summary": summary(runs)}  # fmt: skip
+    write_results(report, args.output, markdown(report), write_plot)
     return 0
 
 
+def sessions_for(spec: WorkloadSpec, num_prefixes: int) -> list[Session]:
+    """The workload; shared-prefix with `num_prefixes` prefixes, each shared by an equal part
+    of the sessions, in a seeded random order (so no policy gets them pre-sorted)."""
+    if spec.name != "shared-prefix":
+        return build_workload(spec)
+    if not 1 <= num_prefixes <= spec.num_sessions:
+        raise ValueError(f"--num-prefixes must be in [1, {spec.num_sessions}], got {num_prefixes}")
+    sessions: list[Session] = []
+    for i in range(num_prefixes):
+        share = len(range(i, spec.num_sessions, num_prefixes))  # sessions of prefix i
+        sessions += build_workload(replace(spec, num_sessions=share, seed=spec.seed + i))
+    random.Random(spec.seed).shuffle(sessions)
+    return sessions
+
+
 def _run_policy(
-    loaded: LoadedModel, policy: str, spec: WorkloadSpec, load: LoadSpec,
+    loaded: LoadedModel, policy: str, sessions: list[Session], load: LoadSpec,
     slos: dict[str, float], args: argparse.Namespace,
 ) -> dict:  # fmt: skip
     """Fresh replicas and a router for `policy`; the load through it; the replicas' counts."""
@@ -100,7 +131,7 @@ def _run_policy(
     try:
         endpoint = Endpoint(router.start(), "")
         endpoint = Endpoint(endpoint.base_url, first_model(endpoint))
-        result = asyncio.run(run_load(endpoint, build_workload(spec), load, progress=False))
+        result = asyncio.run(run_load(endpoint, sessions, load, progress=False))
         done = sum(r.success for r in result.records)
         stats = _idle_stats(replicas, done)
     finally:
@@ -133,16 +164,83 @@ def _idle_stats(
         time.sleep(0.02)
 
 
+def summary(runs: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per workload: cache_aware against round_robin (hit rates, goodput ratio)."""
+    out = {}
+    for workload in dict.fromkeys(run["workload"] for run in runs):
+        by = {run["policy"]: run for run in runs if run["workload"] == workload}
+        if {"cache_aware", "round_robin"} <= by.keys():
+            aware, rr = by["cache_aware"], by["round_robin"]
+            good = [r["summary"]["request_goodput"] for r in (aware, rr)]
+            out[workload] = {
+                "hit_rate": [aware["prefix_hit_rate"], rr["prefix_hit_rate"]],
+                "goodput_ratio": good[0] / good[1] if None not in good and good[1] else None,
+            }
+    return out
+
+
 def markdown(report: dict) -> str:
-    """One row per policy: where requests went, prefix hit rate, goodput, latency."""
-    rows = ["| policy | requests per replica | prefix hit rate | goodput (req/s) | req/s | "
-            "TTFT p50 / p99 (ms) | E2E p50 (ms) |", "|" + "---|" * 7]  # fmt: skip
+    """The settings, then one row per workload and policy: where requests went, hit rate,
+    goodput, latency."""
+    s = report["settings"]
+    record = RunRecord(report["command"], report["date"], report["machine"])
+    slos = ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in s["goodput_slos_s"].items())
+    rows = [
+        "# Cache-aware routing vs round robin",
+        "",
+        f"- command: `{report['command']}`",
+        f"- date: {report['date']}",
+        record.load_line(),
+        f"- {s['replicas']} replicas (prefix caching on) and the router in one process; "
+        f"{s['num_sessions']} sessions per workload at {s['request_rate']} sessions/s "
+        f"(Poisson, seed {s['seed']}); multi-turn: {s['num_turns']} turns of {s['input_len']} "
+        f"words; shared-prefix: {s['num_prefixes']} prefixes of {s['prefix_len']} tokens, "
+        f"each shared by 1/{s['num_prefixes']} of the sessions, + {s['input_len']} own tokens; "
+        f"{s['output_len']} output tokens; goodput at {slos or 'no SLO'}",
+        "- hit rate = prompt tokens served from the replicas' prefix caches / prompt tokens",
+        "",
+        "| workload | policy | requests per replica | prefix hit rate | goodput (req/s) | "
+        "req/s | TTFT p50 / p99 (ms) | E2E p50 (ms) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for run in report["runs"]:
-        s = run["summary"]
-        good = "-" if s["request_goodput"] is None else f"{s['request_goodput']:.2f}"
+        m = run["summary"]
+        good = "-" if m["request_goodput"] is None else f"{m['request_goodput']:.2f}"
         rows.append(
-            f"| {run['policy']} | {run['requests_per_replica']} | {run['prefix_hit_rate']:.1%} | "
-            f"{good} | {s['request_throughput']:.2f} | {s['ttft_ms']['p50']:.0f} / "
-            f"{s['ttft_ms']['p99']:.0f} | {s['e2el_ms']['p50']:.0f} |"
+            f"| {run['workload']} | {run['policy']} | {run['requests_per_replica']} | "
+            f"{run['prefix_hit_rate']:.1%} | {good} | {m['request_throughput']:.2f} | "
+            f"{m['ttft_ms']['p50']:.0f} / {m['ttft_ms']['p99']:.0f} | {m['e2el_ms']['p50']:.0f} |"
         )
-    return "\n".join(rows)
+    return "\n".join(rows) + "\n"
+
+
+def write_plot(report: dict, path: Path) -> Path:
+    """Hit rate, and goodput inside throughput (pale), policies side by side per workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(run["workload"] for run in report["runs"]))
+    policies = list(dict.fromkeys(run["policy"] for run in report["runs"]))
+    by = {(run["workload"], run["policy"]): run for run in report["runs"]}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    width = 0.8 / len(policies)
+    for i, policy in enumerate(policies):
+        xs = [w + i * width for w in range(len(workloads))]
+        runs = [by[(workload, policy)] for workload in workloads]
+        bars = axes[0].bar(xs, [100 * r["prefix_hit_rate"] for r in runs], width, label=policy)
+        color = bars.patches[0].get_facecolor()
+        throughput = [r["summary"]["request_throughput"] for r in runs]
+        axes[1].bar(xs, throughput, width, color=color, alpha=0.3)
+        goodput = [r["summary"]["request_goodput"] or 0.0 for r in runs]
+        axes[1].bar(xs, goodput, width, color=color)
+    labels = ("prefix hit rate (%)", "goodput, in throughput (requests/s)")
+    for ax, label in zip(axes, labels, strict=True):
+        ax.set_xticks([w + 0.4 - width / 2 for w in range(len(workloads))], workloads)
+        ax.set_ylabel(label)
+    axes[0].legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

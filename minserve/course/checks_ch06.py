@@ -134,6 +134,27 @@ def check_a_one_hot_draft_also_leaves_the_target_unchanged(impl: ModuleType) -> 
     )
 
 
+def check_each_position_is_verified_against_its_own_row(impl: ModuleType) -> None:
+    """Each position has its own p: after a kept first draft, the second follows p's row 1.
+
+    Two drafts from q's rows 0 and 1; the second token's frequencies must match row 1 of p
+    (a walk that reuses row 0 fails)."""
+    target = torch.stack([P, P.flip(0), P])  # [k + 1 = 3, vocab]: row 1 is p reversed
+    draft = torch.stack([Q, Q.flip(0)])  # [k = 2, vocab]
+    generator, counts = _generator(), torch.zeros(len(P))
+    for _ in range(NUM_SAMPLES):
+        drafts = [int(torch.multinomial(row, 1, generator=generator)) for row in draft]
+        tokens = impl.rejection_sample(target, draft, drafts, generator)
+        if tokens[0] == drafts[0] and len(tokens) >= 2:  # the first draft was kept
+            counts[tokens[1]] += 1
+    freqs, expected = counts / counts.sum(), target[1]
+    tv = 0.5 * float((freqs - expected).abs().sum())
+    assert tv < 2 * TV_BOUND, (
+        f"second token after a kept first draft: expected frequencies close to row 1 of p, "
+        f"{_rounded(expected)} (total variation < {2 * TV_BOUND}), got {_rounded(freqs)}"
+    )
+
+
 CHECKS = [
     check_the_residual_keeps_only_what_the_target_wants_more_of,
     check_the_residual_of_a_one_hot_draft_is_the_target_without_it,
@@ -143,4 +164,5 @@ CHECKS = [
     check_a_rejection_stops_the_walk,
     check_the_first_token_is_distributed_as_the_target,
     check_a_one_hot_draft_also_leaves_the_target_unchanged,
+    check_each_position_is_verified_against_its_own_row,
 ]

@@ -6,4 +6,7 @@
   the prefill:decode ratio and TP degree (DistServe's question at cluster scale).
 - `kv_transfer.py`, `transfer_rule.py`, `pd_pair.py`: one prefill process hands finished
   prefills' KV blocks to one decode process over torch.distributed send/recv.
+- `proxy_engine.py` (with `topology`, `cluster`, `prefill_instance`, `decode_instance`,
+  `token_deltas`, `placement`, `instance_stats`): the streaming proxy over P prefill and
+  D decode processes that `minserve serve --disaggregation 1P2D` serves through.
 """

@@ -50,8 +50,11 @@ def measure_steps(
     prompt_lens: tuple[int, ...] = (32, 128, 512),
     batch_sizes: tuple[int, ...] = (1, 2, 3, 4, 8, 16, 32),
     repeats: int = 3,
+    decode_contexts: tuple[int, ...] = tuple(8 + 16 * i for i in range(8)),
 ) -> list[StepMeasurement]:
-    """`repeats` prefill steps per prompt length, `repeats` decode steps per batch size."""
+    """`repeats` prefill steps per prompt length, `repeats` decode steps per batch size; the
+    decoding sequences' prompts cycle through `decode_contexts` (a decode step's cost grows
+    with the context it reads: pick them like the workload's prompts)."""
     if engine.has_unfinished_requests():
         raise ValueError("calibrate an idle engine: it has requests in flight")
     budget = engine.scheduler_config.max_num_batched_tokens
@@ -65,7 +68,7 @@ def measure_steps(
             _drain(engine)
     for batch in batch_sizes:
         for i in range(batch):  # contexts of different lengths, as in real batches
-            _add(engine, 8 + 16 * (i % 8), max_tokens=repeats + 1)
+            _add(engine, decode_contexts[i % len(decode_contexts)], max_tokens=repeats + 1)
         while any(s.num_computed_tokens == 0 for s in engine.scheduler.waiting):
             engine.step()  # the prompts first (a few steps if the budget is small)
         measured += [timed_step(engine) for _ in range(repeats)]

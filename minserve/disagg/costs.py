@@ -12,6 +12,7 @@ three numbers from measurements by least squares; `calibrate.py` measures them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from dataclasses import asdict, dataclass
@@ -79,7 +80,8 @@ class StepCosts:
 
 
 def fit_step_costs(measurements: list[StepMeasurement], kv_bytes_per_token: int = 0) -> StepCosts:
-    """Least-squares fit of the three terms to each shape's median time (clipped at zero)."""
+    """Least-squares fit of the three terms to each shape's median time, minimising relative
+    errors, every term non-negative."""
     if len({(m.prefill_tokens, m.decode_seqs) for m in measurements}) < 3:
         raise ValueError(
             "fitting base, per-token and per-sequence costs needs measurements of at least 3 "
@@ -91,6 +93,27 @@ def fit_step_costs(measurements: list[StepMeasurement], kv_bytes_per_token: int 
     # the median of each shape's repeats: a step slowed by other work on the machine is noise
     a = np.array([[1.0, tokens, seqs] for tokens, seqs in by_shape])  # [num_shapes, 3]
     y = np.array([statistics.median(times) for times in by_shape.values()])  # [num_shapes]
-    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    base, per_token, per_seq = (max(0.0, float(c)) for c in coef)
+    # relative errors: a 80 ms decode step counts as much as a 7 s prefill, so the base
+    # (which decode steps are made of) is not sacrificed to fit the longest prefills
+    base, per_token, per_seq = _nonnegative_lstsq(a / y[:, None], np.ones_like(y))
     return StepCosts(base, per_token, per_seq, kv_bytes_per_token)
+
+
+def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> list[float]:
+    """min |a x - y| with x >= 0, by trying every subset of free terms (three terms: 7 tries).
+
+    Clipping an unconstrained solution at zero would leave the other terms fitted for the
+    negative one; refitting without it keeps them right."""
+    best: tuple[float, np.ndarray] | None = None
+    for k in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), k):
+            coef, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+            if (coef < 0).any():
+                continue
+            x = np.zeros(a.shape[1])
+            x[list(cols)] = coef
+            residual = float(np.sum((a @ x - y) ** 2))
+            if best is None or residual < best[0]:
+                best = (residual, x)
+    assert best is not None, "one free term with positive times always fits non-negatively"
+    return [float(c) for c in best[1]]

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from minserve.disagg.wire import recv_json, send_json
 from minserve.sampling_params import SamplingParams
+from minserve.scheduler.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,15 @@ class KVOffer:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "params": asdict(self.params)}
+
+    @classmethod
+    def of(cls, seq: Sequence, with_kv: bool) -> KVOffer:
+        """The offer for a sequence `detach_prefilled` just took out of a prefill engine."""
+        request = seq.request
+        return cls(
+            request.request_id, tuple(request.prompt_token_ids), seq.sample.token_ids[0],
+            request.params, with_kv,
+        )  # fmt: skip
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> KVOffer:

@@ -129,10 +129,7 @@ class PrefillDecodePair:
         kv_bytes = len(seq.block_table.blocks) * block_nbytes
         decision = self.rule.decide(request.request_id, len(request.prompt_token_ids), kv_bytes)
         self.decisions[request.request_id] = decision
-        return KVOffer(
-            request.request_id, tuple(request.prompt_token_ids), seq.sample.token_ids[0],
-            request.params, decision.transfer,
-        )  # fmt: skip
+        return KVOffer.of(seq, decision.transfer)
 
     def _prefill_step(self, done: dict[str, RequestOutput]) -> list[Sequence]:
         """One step of the prefill engine; requests that got their first token leave it."""

@@ -29,18 +29,33 @@ class PlanPoint:
         return self.goodput / self.shape.num_gpus
 
 
-def candidate_shapes(num_gpus: int, tp_degrees: list[int]) -> list[ClusterShape]:
-    """Every colocated and P:D shape using all `num_gpus`, for each TP degree that divides it."""
+def candidate_shapes(
+    num_gpus: int, tp_degrees: list[int], max_splits: int | None = None
+) -> list[ClusterShape]:
+    """Every colocated and P:D shape using all `num_gpus`, for each TP degree that divides it;
+    with `max_splits`, at most that many P:D splits per TP degree, evenly spaced in P."""
     shapes = []
     for tp in tp_degrees:
         if tp < 1 or num_gpus % tp:
             continue
         n = num_gpus // tp
         shapes.append(ClusterShape(num_colocated=n, tp=tp))
-        shapes += [ClusterShape(num_prefill=p, num_decode=n - p, tp=tp) for p in range(1, n)]
+        shapes += [ClusterShape(num_prefill=p, num_decode=n - p, tp=tp)
+                   for p in _prefill_counts(n, max_splits)]  # fmt: skip
     if not shapes:
         raise ValueError(f"no TP degree in {tp_degrees} divides {num_gpus} GPUs")
     return shapes
+
+
+def _prefill_counts(num_instances: int, max_splits: int | None) -> list[int]:
+    """P = 1 .. num_instances - 1, or `max_splits` of them evenly spaced (ends included)."""
+    if max_splits is not None and max_splits < 2:
+        raise ValueError(f"max_splits must be at least 2 (or None for all), got {max_splits}")
+    every = list(range(1, num_instances))
+    if max_splits is None or len(every) <= max_splits:
+        return every
+    step = (len(every) - 1) / (max_splits - 1)
+    return sorted({every[round(i * step)] for i in range(max_splits)})
 
 
 def search_shapes(
@@ -49,10 +64,11 @@ def search_shapes(
     costs_by_tp: dict[int, StepCosts],
     slo: SLO,
     config: SimConfig,
+    max_splits: int | None = None,
 ) -> list[PlanPoint]:
     """Simulate every candidate shape; best goodput first (ties: higher attainment)."""
     points = []
-    for shape in candidate_shapes(num_gpus, sorted(costs_by_tp)):
+    for shape in candidate_shapes(num_gpus, sorted(costs_by_tp), max_splits):
         result = simulate(workload, shape, costs_by_tp[shape.tp], config)
         points.append(PlanPoint(shape, result, result.goodput(slo), result.attainment(slo)))
     return sorted(points, key=lambda p: (p.goodput, p.attainment), reverse=True)

@@ -8,6 +8,9 @@ instance. Colocated instances mix prefills and decodes in one step; disaggregate
 hand each finished prefill's KV to the least-loaded decode instance, which costs
 `prompt_len x kv_bytes_per_token / bandwidth` seconds.
 
+`SimConfig(lockstep=True)` instead steps all instances in rounds together, as minserve's own
+prefill/decode processes do (`sim_rounds.py`).
+
 What it leaves out (say so when quoting it): KV memory limits and preemption on decode
 instances, queueing on the transfer links, prefix caching, step-time noise.
 """
@@ -62,6 +65,7 @@ class SimConfig:
     max_num_seqs: int = 256
     transfer_bandwidth_bytes_s: float = 1e9
     transfer_latency_s: float = 0.0
+    lockstep: bool = False  # instances step in rounds together, as minserve's pair does
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
@@ -133,7 +137,13 @@ def simulate(
     """Replay `workload` on `shape`; `costs` are one instance's step times (at shape.tp)."""
     if not workload:
         raise ValueError("the workload has no requests")
-    return _Run(shape, costs, config).replay(workload)
+    run = _Run(shape, costs, config)
+    if config.lockstep:
+        from minserve.disagg.sim_rounds import simulate_rounds
+
+        states = simulate_rounds(workload, run.front, run.decoders, costs, run.transfer_s)
+        return SimResult(tuple(_times(s) for s in states))
+    return run.replay(workload)
 
 
 class _Run:
@@ -194,9 +204,12 @@ class _Run:
     def _hand_off(self, state: SimState, now: float) -> None:
         """Send a finished prefill's KV to the least-loaded decode instance."""
         target = min(self.decoders, key=lambda i: i.load)
+        self._push(now + self.transfer_s(state), "kv_landed", (target, state))
+
+    def transfer_s(self, state: SimState) -> float:
+        """Seconds to move one prompt's KV: latency + bytes / bandwidth."""
         nbytes = state.spec.prompt_len * self.costs.kv_bytes_per_token
-        seconds = self.config.transfer_latency_s + nbytes / self.config.transfer_bandwidth_bytes_s
-        self._push(now + seconds, "kv_landed", (target, state))
+        return self.config.transfer_latency_s + nbytes / self.config.transfer_bandwidth_bytes_s
 
 
 def _times(state: SimState) -> RequestTimes:

@@ -29,3 +29,12 @@ def recv_json(src: int, group: dist.ProcessGroup | None = None) -> Any:
     payload = torch.empty(int(size.item()), dtype=torch.uint8)  # [num_bytes]
     dist.recv(payload, src, group=group)
     return json.loads(bytes(payload.tolist()).decode())
+
+
+def recv_command(src: int, group: dist.ProcessGroup | None = None) -> dict[str, Any] | None:
+    """The next command from rank `src`; None once it says {"stop": true} or is gone."""
+    try:
+        command = recv_json(src, group)
+    except (RuntimeError, dist.DistError):
+        return None  # its socket closed: nobody is left to serve
+    return None if command["stop"] else command

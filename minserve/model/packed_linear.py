@@ -47,7 +47,8 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)  # [..., out]
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, bias={self.bias is not None}, oneDNN"
 
 
 def prepack_linears(model: nn.Module) -> int:

@@ -136,11 +136,11 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
         return_counts=True
     )
     seen, produced, counts = seen.to(device), produced.to(device), counts.to(device)
-    repetition = _per_row(rows, "repetition_penalty", device)[seen // vocab]  # [num_seen]
+    repetition = per_row(rows, "repetition_penalty", device)[seen // vocab]  # [num_seen]
     values = flat[seen]
     flat[seen] = torch.where(values > 0, values / repetition, values * repetition)
-    frequency = _per_row(rows, "frequency_penalty", device)[produced // vocab]  # [num_produced]
-    presence = _per_row(rows, "presence_penalty", device)[produced // vocab]
+    frequency = per_row(rows, "frequency_penalty", device)[produced // vocab]  # [num_produced]
+    presence = per_row(rows, "presence_penalty", device)[produced // vocab]
     flat[produced] -= frequency * counts + presence
     return out
 
@@ -195,19 +195,19 @@ class Sampler:
         drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
         if drawn:
             token_ids[drawn] = self._sample(logits[drawn], [rows[i] for i in drawn])
-        return SampleResult(token_ids.tolist(), _logprob_dicts(raw_logprobs, token_ids, rows))
+        return SampleResult(token_ids.tolist(), logprob_dicts(raw_logprobs, token_ids, rows))
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, the filters a row asked for, then an inverse-CDF draw: [rows]."""
         device = logits.device
-        logits = logits / _per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
+        logits = logits / per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
         if any(row.params.top_k > 0 for row in rows):
-            logits = self.top_k_fn(logits, _per_row(rows, "top_k", device, torch.long))
+            logits = self.top_k_fn(logits, per_row(rows, "top_k", device, torch.long))
         if any(row.params.top_p < 1 for row in rows):
-            logits = self.top_p_fn(logits, _per_row(rows, "top_p", device))
+            logits = self.top_p_fn(logits, per_row(rows, "top_p", device))
         if any(row.params.min_p > 0 for row in rows):
-            logits = self.min_p_fn(logits, _per_row(rows, "min_p", device))
-        return draw_from_logits(logits, _uniforms(rows, device))
+            logits = self.min_p_fn(logits, per_row(rows, "min_p", device))
+        return draw_from_logits(logits, row_uniforms(rows, device))
 
 
 def draw_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -250,7 +250,7 @@ def _flat_token_ids(
     return torch.cat(parts)  # [total tokens], with repeats
 
 
-def _per_row(
+def per_row(
     rows: Sequence[SamplingRow],
     name: str,
     device: torch.device,
@@ -260,7 +260,7 @@ def _per_row(
     return torch.tensor([getattr(row.params, name) for row in rows], dtype=dtype, device=device)
 
 
-def _uniforms(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
+def row_uniforms(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
     """One U[0, 1) draw per row: [rows]. Seeded rows draw from their own generator."""
     u = torch.rand(len(rows), device=device)  # the global RNG, for unseeded rows
     for i, row in enumerate(rows):
@@ -273,7 +273,7 @@ def _wants_logprobs(rows: Sequence[SamplingRow]) -> bool:
     return any(row.params.logprobs is not None for row in rows)
 
 
-def _logprob_dicts(
+def logprob_dicts(
     raw_logprobs: torch.Tensor | None, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
 ) -> list[dict[int, float] | None]:
     """Per row: the sampled token's logprob, then the top `params.logprobs` ones (vLLM's order)."""

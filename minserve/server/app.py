@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -18,6 +19,9 @@ from minserve.server.async_engine import AsyncEngine
 from minserve.server.errors import APIError, check_api_key, install_error_handlers
 from minserve.server.metrics import ServerMetrics
 from minserve.server.serving import OpenAIServing, ServerConfig
+
+if TYPE_CHECKING:
+    from minserve.disagg.proxy_engine import DisaggregatedEngine
 
 
 @dataclass
@@ -40,16 +44,31 @@ def build_server(llm: LLM, config: ServerConfig, max_queued: int = 256) -> Serve
     """Wrap an `LLM`'s paged engine (model loaded, KV pool allocated) in the HTTP app."""
     if llm.engine is None:
         raise ValueError("the server needs the paged engine; this LLM runs engine='reference'")
-    if llm.engine.scheduler_config.scheduling_policy != config.scheduling_policy:
-        raise ValueError(
-            f"the engine schedules by {llm.engine.scheduler_config.scheduling_policy!r} but "
-            f"the server config says {config.scheduling_policy!r}"
-        )
+    _check_policy(llm.engine.scheduler_config.scheduling_policy, config)
     engine = AsyncEngine(llm.engine, ServerMetrics(), max_queued)
     return Server(create_app(engine, llm, config), engine, config)
 
 
-def create_app(engine: AsyncEngine, llm: LLM, config: ServerConfig) -> FastAPI:
+def build_disaggregated_server(
+    cluster: DisaggregatedEngine, config: ServerConfig, max_queued: int = 256
+) -> Server:
+    """The same app over a prefill/decode cluster's proxy (docs/distributed.md)."""
+    _check_policy(cluster.scheduler_config.scheduling_policy, config)
+    engine = AsyncEngine(cluster, ServerMetrics(), max_queued)  # type: ignore[arg-type]
+    return Server(create_app(engine, cluster, config), engine, config)
+
+
+def _check_policy(engine_policy: str, config: ServerConfig) -> None:
+    if engine_policy != config.scheduling_policy:
+        raise ValueError(
+            f"the engine schedules by {engine_policy!r} but "
+            f"the server config says {config.scheduling_policy!r}"
+        )
+
+
+def create_app(
+    engine: AsyncEngine, llm: LLM | DisaggregatedEngine, config: ServerConfig
+) -> FastAPI:
     app = FastAPI(title="minserve", summary="An OpenAI-compatible server over minserve's engine")
     install_error_handlers(app)
     serving = OpenAIServing(engine, llm.get_tokenizer(), config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -22,7 +23,10 @@ from dataclasses import dataclass, field
 from minserve.engine import LLMEngine
 from minserve.outputs import RequestOutput
 from minserve.sampling_params import SamplingParams
+from minserve.scheduler.scheduler import SchedulerOutput
 from minserve.server.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
 
 
 class EngineOverloadedError(RuntimeError):
@@ -31,6 +35,21 @@ class EngineOverloadedError(RuntimeError):
 
 class EngineStoppedError(RuntimeError):
     """The engine loop is not running (shut down, or it crashed)."""
+
+
+class EngineStepError(RuntimeError):
+    """An engine step raised; the requests it ran were aborted (answered with 500)."""
+
+
+class RequestsFailedError(RuntimeError):
+    """A step lost some requests (a disaggregated instance died, say); the others go on.
+
+    An engine raises it from `step()` with the lost ids and the step's other outputs.
+    """
+
+    def __init__(self, message: str, request_ids: list[str], outputs: list[RequestOutput]) -> None:
+        super().__init__(message)
+        self.request_ids, self.outputs = request_ids, outputs
 
 
 @dataclass(frozen=True)
@@ -77,7 +96,7 @@ class RequestStream:
         while self._unfinished:
             item = await self._sink.queue.get()
             if isinstance(item, BaseException):
-                self._unfinished.clear()  # the engine dropped them all
+                self.abort()  # the failed requests are gone; cancel their siblings too
                 raise item
             if item.finished:
                 self._unfinished.discard(item.request_id)
@@ -180,6 +199,18 @@ class AsyncEngine:
     # --- the engine thread ---
 
     def _loop(self) -> None:
+        try:
+            self._serve_forever()
+        except BaseException as error:  # a bug outside step(): no handler may wait forever
+            logger.exception("the engine loop crashed")
+            stopped = EngineStoppedError(f"the engine loop crashed: {error!r}")
+            self._fail_all(stopped)
+            for command in self._commands(wait=False):  # accepted by no one: refuse them
+                if isinstance(command, _Add):
+                    self._release()
+                    command.accepted.set_exception(stopped)
+
+    def _serve_forever(self) -> None:
         while True:
             for command in self._commands(wait=not self.engine.has_unfinished_requests()):
                 if command is _STOP:
@@ -218,10 +249,15 @@ class AsyncEngine:
         command.accepted.set_result(None)
 
     def _step(self) -> None:
+        before = self.engine.last_batch
         try:
             outputs = self.engine.step()
-        except Exception as error:  # keep serving: fail the requests in flight, not the server
-            self._fail_all(error)
+        except RequestsFailedError as lost:  # only these requests failed; stream the others
+            self._fail([rid for rid in lost.request_ids if rid in self._sinks], lost)
+            outputs = lost.outputs
+        except Exception as error:  # keep serving: fail the step's requests, not the server
+            logger.exception("an engine step failed; aborting the requests it ran")
+            self._fail_step(before, error)
             return
         now = time.monotonic()
         for output in outputs:
@@ -234,10 +270,25 @@ class AsyncEngine:
                 self._release()
             sink.put(output)
 
+    def _fail_step(self, before: SchedulerOutput, error: Exception) -> None:
+        """Fail the requests the step scheduled; all of them if it failed before a batch."""
+        batch = self.engine.last_batch
+        in_step = (
+            {s.seq.request.request_id for s in batch.scheduled} if batch is not before else None
+        )
+        failed = [rid for rid in self._sinks if in_step is None or rid in in_step]
+        self.metrics.step_failed(failed)
+        message = f"the engine step failed ({type(error).__name__}: {error}); request aborted"
+        self._fail(failed, EngineStepError(message))
+
     def _fail_all(self, error: BaseException) -> None:
-        for request_id, sink in self._sinks.items():
+        self._fail(list(self._sinks), error)
+
+    def _fail(self, request_ids: list[str], error: BaseException) -> None:
+        """Abort these requests (their blocks go back to the pool) and send each the error."""
+        for request_id in request_ids:
+            sink = self._sinks.pop(request_id)
             self.engine.abort_request(request_id)
             self.metrics.forget(request_id)
             self._release()
             sink.put(error)
-        self._sinks.clear()

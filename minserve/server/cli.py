@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from minserve.config import SCHEDULING_POLICIES
+from minserve.disagg.topology import PDTopology
+from minserve.speculative.config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from minserve.disagg.proxy_engine import DisaggregatedEngine
+
+SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
 
 
 def add_serve_parser(commands: argparse._SubParsersAction) -> None:
@@ -31,6 +40,11 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queued-requests", type=int, default=256,
                    help="requests accepted beyond max-num-seqs; more get 503")  # fmt: skip
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies: 413")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help=f"speculative decoding, e.g. '{SPECULATIVE_EXAMPLE}'")  # fmt: skip
+    p.add_argument("--disaggregation", type=_topology, default=None, metavar="<P>P<D>D",
+                   help="P prefill + D decode instances (processes), e.g. 1P1D or 1P2D; "
+                   "default: colocated")  # fmt: skip
     p.set_defaults(run=_serve)
 
 
@@ -39,15 +53,77 @@ def served_name(loaded_path: Path) -> str:
     return loaded_path.stem if loaded_path.is_file() else loaded_path.name
 
 
+def speculative_config(text: str | None) -> dict[str, Any] | None:
+    """--speculative-config's JSON object, checked before the model loads (docs/server.md)."""
+    if text is None:
+        return None
+    try:
+        options = json.loads(text)
+        if not isinstance(options, dict):
+            raise ValueError(f"expected a JSON object, got {type(options).__name__}")
+        SpeculativeConfig.from_dict(options)
+    except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(
+            f"--speculative-config {text!r}: {e}\n"
+            f"  for example: --speculative-config '{SPECULATIVE_EXAMPLE}'"
+        ) from e
+    return options
+
+
+def _topology(text: str) -> PDTopology:
+    try:
+        return PDTopology.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from minserve.llm import LLM
-    from minserve.server.app import build_server
+    from minserve.server.app import build_disaggregated_server, build_server
     from minserve.server.serving import ServerConfig
 
-    llm = LLM(
-        model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+    if args.disaggregation is None:
+        from minserve.llm import LLM
+
+        llm = LLM(model=args.model, **_engine_options(args))
+        path, build = llm.loaded.path, build_server
+    else:
+        llm = _start_cluster(args)  # the proxy: rank 0 of the prefill/decode instances
+        path, build = Path(llm.spec.model), build_disaggregated_server
+    config = ServerConfig(
+        model_name=args.served_model_name or served_name(path),
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+        scheduling_policy=args.scheduling_policy,
+    )
+    server = build(llm, config, args.max_queued_requests).start()
+    print(f"minserve: serving {config.model_name!r} on http://{args.host}:{args.port}/v1")
+    try:
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
+    finally:
+        server.shutdown()
+        llm.shutdown()  # stops tensor-parallel workers or disaggregated instances, if any
+    return 0
+
+
+def _start_cluster(args: argparse.Namespace) -> DisaggregatedEngine:
+    from minserve.disagg.proxy_engine import DisaggregatedEngine
+
+    if args.tensor_parallel_size != 1 or args.speculative_config is not None:
+        raise ValueError(
+            "--disaggregation runs each instance as one process without speculation; "
+            "drop --tensor-parallel-size and --speculative-config"
+        )
+    options = _engine_options(args)
+    del options["tensor_parallel_size"], options["speculative_config"]
+    return DisaggregatedEngine(args.model, args.disaggregation, **options)
+
+
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`LLM`'s keyword arguments from the flags (every instance gets the same)."""
+    return dict(
+        dtype=args.dtype, max_model_len=args.max_model_len,
         block_size=args.block_size, num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes, swap_space=args.swap_space,
         enable_prefix_caching=args.enable_prefix_caching,
@@ -55,18 +131,5 @@ def _serve(args: argparse.Namespace) -> int:
         enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, attention_backend=args.attention_backend,
         tensor_parallel_size=args.tensor_parallel_size,
+        speculative_config=speculative_config(args.speculative_config),
     )  # fmt: skip
-    config = ServerConfig(
-        model_name=args.served_model_name or served_name(llm.loaded.path),
-        api_key=args.api_key,
-        max_request_bytes=args.max_request_bytes,
-        scheduling_policy=args.scheduling_policy,
-    )
-    server = build_server(llm, config, args.max_queued_requests).start()
-    print(f"minserve: serving {config.model_name!r} on http://{args.host}:{args.port}/v1")
-    try:
-        uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
-    finally:
-        server.shutdown()
-        llm.shutdown()  # stops tensor-parallel workers, if any
-    return 0

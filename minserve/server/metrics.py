@@ -7,8 +7,9 @@ Latencies are histograms observed by the engine thread as tokens come out:
     TPOT  (finish - first token) / (output tokens - 1): the decode speed a user sees
     E2E   finish - arrival
 
-Engine gauges and counters (running, waiting, KV usage, preemptions, tokens) are read
-from the engine's latest `get_metrics()` snapshot when Prometheus scrapes.
+Engine gauges and counters (running, waiting, KV usage, preemptions, tokens, and with
+speculative decoding on, drafts and accepted tokens) are read from the engine's latest
+`get_metrics()` snapshot when Prometheus scrapes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -46,6 +47,19 @@ COUNTERS = {
     "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
 }
+# speculative decoding (exported only when it is on): acceptance = accepted / draft tokens
+SPEC_GAUGES = {
+    "spec_decode_acceptance_rate": ("spec_decode_acceptance_rate",
+                                    "Draft tokens accepted / draft tokens verified (0-1)"),
+    "spec_decode_mean_acceptance_length": ("spec_decode_mean_acceptance_length",
+                                           "Tokens gained per verification: 1 + accepted drafts"),
+}  # fmt: skip
+SPEC_COUNTERS = {
+    "spec_decode_num_drafts": ("spec_decode_num_drafts", "Sequence-steps that verified drafts"),
+    "spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens verified"),
+    "spec_decode_num_accepted_tokens": ("spec_decode_num_accepted_tokens",
+                                        "Draft tokens accepted"),
+}  # fmt: skip
 
 
 @dataclass
@@ -62,9 +76,12 @@ class _EngineCollector(Collector):
         self.stats: dict[str, float] = {}
 
     def collect(self) -> Iterator[Metric]:
-        for key, (name, text) in GAUGES.items():
+        speculating = "spec_decode_num_draft_tokens" in self.stats
+        gauges = {**GAUGES, **(SPEC_GAUGES if speculating else {})}
+        counters = {**COUNTERS, **(SPEC_COUNTERS if speculating else {})}
+        for key, (name, text) in gauges.items():
             yield GaugeMetricFamily(PREFIX + name, text, value=self.stats.get(key, 0))
-        for key, (name, text) in COUNTERS.items():
+        for key, (name, text) in counters.items():
             yield CounterMetricFamily(PREFIX + name, text, value=self.stats.get(key, 0))
 
 
@@ -79,6 +96,10 @@ class ServerMetrics:
         self.itl = self._histogram("inter_token_latency_seconds", "Time between two outputs")
         self.tpot = self._histogram("time_per_output_token_seconds", "Decode time per token")
         self.e2e = self._histogram("e2e_request_latency_seconds", "Arrival to last token")
+        self.step_failures = Counter(PREFIX + "engine_step_failures", "Engine steps that raised",
+                                     registry=self.registry)  # fmt: skip
+        self.request_failures = Counter(PREFIX + "request_failure", "Requests failed by a step",
+                                        registry=self.registry)  # fmt: skip
         self._timings: dict[str, _Timing] = {}
 
     def _histogram(self, name: str, text: str) -> Histogram:
@@ -96,6 +117,13 @@ class ServerMetrics:
 
     def forget(self, request_id: str) -> None:
         self._timings.pop(request_id, None)
+
+    def step_failed(self, failed_request_ids: list[str]) -> None:
+        """A step raised; these requests were answered with a 500 and dropped."""
+        self.step_failures.inc()
+        self.request_failures.inc(len(failed_request_ids))
+        for request_id in failed_request_ids:
+            self.forget(request_id)
 
     def observe(self, output: RequestOutput, now: float) -> None:
         """A request got new tokens at `now` (time.monotonic)."""

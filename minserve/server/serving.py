@@ -25,7 +25,9 @@ from minserve.scheduler.policy import priority_value
 from minserve.server.async_engine import (
     AsyncEngine,
     EngineOverloadedError,
+    EngineStepError,
     EngineStoppedError,
+    RequestsFailedError,
     RequestStream,
 )
 from minserve.server.errors import APIError, check_api_key, from_validation, read_json_body
@@ -133,7 +135,10 @@ class OpenAIServing:
             if not task.done() and await request.is_disconnected():
                 task.cancel()  # _drain's finally aborts the engine requests
                 return False
-        task.result()  # re-raise an engine failure
+        try:
+            task.result()  # re-raise an engine failure
+        except (EngineStepError, EngineStoppedError, RequestsFailedError) as error:
+            raise _generation_failed(error) from error
         return True
 
 
@@ -159,10 +164,16 @@ async def _events(
             counts = usage(tracker.prompt_tokens(), tracker.completion_tokens())
             yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[], usage=counts))
     except Exception as error:  # headers are sent: report in-band, as OpenAI does
-        yield sse(APIError(500, f"generation failed: {error}").body())
+        yield sse(_generation_failed(error).body())
     finally:
         stream.abort()  # no-op when finished; frees the blocks when the client left
     yield sse("[DONE]")
+
+
+def _generation_failed(error: Exception) -> APIError:
+    """A request the engine dropped mid-generation: a 500 (in the body or as an SSE event)."""
+    code = "engine_step_failed" if isinstance(error, EngineStepError) else None
+    return APIError(500, f"generation failed: {error}", code=code)
 
 
 def _as_api_error(make, param: str | None):

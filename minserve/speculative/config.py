@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 METHODS = ("ngram", "draft_model", "early_exit")
+DRAFT_LENGTHS = ("fixed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,11 @@ class SpeculativeConfig:
     "early_exit" (self-speculation: the target's first num_draft_layers layers, default half,
     with its final norm and LM head).
     num_speculative_tokens: k, the most tokens proposed per sequence and step.
+    draft_length: "fixed" (always k) or "adaptive" (per request, the g in [1, k] that
+    maximises the expected speedup at its running acceptance rate; draft_length.py).
+    rejection_sampler: verifies a sampling request's drafts, with the signature of
+    `minserve.speculative.verify.rejection_sample` (the default); chapter 06 plugs the
+    student's in.
     """
 
     method: str
@@ -26,6 +33,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     model: Any = None  # method "draft_model": its path, or a LoadedModel to share
     num_draft_layers: int | None = None  # method "early_exit"; None: half the target's layers
+    draft_length: str = "fixed"
+    rejection_sampler: Callable[..., list[int]] | None = None  # None: verify.rejection_sample
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -40,6 +49,17 @@ class SpeculativeConfig:
         if self.num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}"
+            )
+        if self.draft_length not in DRAFT_LENGTHS:
+            raise ValueError(
+                f"unknown draft_length {self.draft_length!r}; choose one of "
+                f"{', '.join(DRAFT_LENGTHS)}"
+            )
+        if self.rejection_sampler is not None and not callable(self.rejection_sampler):
+            raise ValueError(
+                "rejection_sampler must be a function like "
+                "minserve.speculative.verify.rejection_sample, got "
+                f"{type(self.rejection_sampler).__name__}"
             )
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(

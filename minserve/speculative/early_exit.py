@@ -12,15 +12,19 @@ import torch
 
 from minserve.attention.metadata import AttentionMetadata
 from minserve.model.runner import ModelRunner
+from minserve.model.sampler import Sampler, SamplingRow
 from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
+from minserve.speculative.distributions import choose_drafts, row_after
+from minserve.speculative.draft import Draft
 
 
 class EarlyExitProposer:
-    """Greedy drafts from the target's first `num_draft_layers` layers, k forwards of 1 token."""
+    """Drafts from the target's first `num_draft_layers` layers, k forwards of 1 token."""
 
     def __init__(self, config: SpeculativeConfig, runner: ModelRunner) -> None:
         self.runner = runner
+        self.sampler = Sampler()  # processes q as the target's sampler processes p
         total = runner.model.config.num_layers
         self.num_layers = config.num_draft_layers or max(1, total // 2)
         if not 1 <= self.num_layers < total:
@@ -29,19 +33,26 @@ class EarlyExitProposer:
                 f"got {self.num_layers}"
             )
 
-    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
-        """Draft `limits[i]` tokens for each sequence (its slots are already assigned)."""
+    def propose(
+        self, seqs: list[Sequence], limits: list[int], rows: list[SamplingRow]
+    ) -> list[Draft]:
+        """Draft `limits[i]` tokens for each sequence (its slots are already assigned):
+        greedy for greedy rows, drawn from the early exit's processed q for sampling rows."""
         drafts: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
         for step in range(max(limits, default=0)):
             active = [i for i, k in enumerate(limits) if k > step]
-            tokens = self._draft_step([seqs[i] for i in active], [drafts[i] for i in active])
-            for i, token in zip(active, tokens):
+            logits = self._draft_logits([seqs[i] for i in active], [drafts[i] for i in active])
+            step_rows = [row_after(rows[i], drafts[i]) for i in active]
+            tokens, qs = choose_drafts(self.sampler, logits, step_rows)
+            for i, token, q in zip(active, tokens, qs):
                 drafts[i].append(token)
-        return drafts
+                probs[i].append(q)
+        return [Draft.from_choices(d, q) for d, q in zip(drafts, probs)]
 
     @torch.inference_mode()
-    def _draft_step(self, seqs: list[Sequence], drafts: list[list[int]]) -> list[int]:
-        """One token per sequence: run its newest token (position N-1+j) through L layers."""
+    def _draft_logits(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
+        """Run each sequence's newest token (position N-1+j) through L layers: [B, vocab]."""
         last = [s.num_tokens - 1 + len(d) for s, d in zip(seqs, drafts)]
         tokens = [(d or s.token_ids)[-1] for s, d in zip(seqs, drafts)]
         metadata = AttentionMetadata.build(
@@ -55,7 +66,7 @@ class EarlyExitProposer:
         hidden = self._first_layers(
             torch.tensor(tokens, device=device), torch.tensor(last, device=device), metadata
         )  # [B, hidden]
-        return self.runner.model.compute_logits(hidden).argmax(dim=-1).tolist()
+        return self.runner.model.compute_logits(hidden)
 
     def _first_layers(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata

@@ -6,8 +6,10 @@ n tokens occurred earlier, guess that what followed them then follows them now.
 
 from __future__ import annotations
 
+from minserve.model.sampler import SamplingRow
 from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
+from minserve.speculative.draft import Draft
 
 
 class NgramProposer:
@@ -17,9 +19,12 @@ class NgramProposer:
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
 
-    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
-        """One guess per sequence, each at most its limit long (may be empty)."""
-        return [self.lookup(seq.token_ids, k) for seq, k in zip(seqs, limits, strict=True)]
+    def propose(
+        self, seqs: list[Sequence], limits: list[int], rows: list[SamplingRow]
+    ) -> list[Draft]:
+        """One guess per sequence, each at most its limit long (may be empty). Deterministic,
+        whatever the row: q is one-hot at each guess."""
+        return [Draft(self.lookup(seq.token_ids, k)) for seq, k in zip(seqs, limits, strict=True)]
 
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
         """Longest n first: a longer matching context is a better predictor."""

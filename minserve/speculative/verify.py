@@ -1,21 +1,20 @@
-"""Verification: the target samples every proposed position in one forward; keep the drafts
-up to the first disagreement, plus the target's own token there (or after the last draft).
+"""Verification: the target scores every proposed position in one forward; keep the drafts
+it accepts, plus one token of its own (at the first rejection, or after the last draft).
 
-Row j of a sequence's logits sees the context plus drafts d_1..d_j, and the sampler draws
-x_j from the target's (processed) distribution there. Draft d_{j+1} is accepted when
-x_j == d_{j+1}. Every emitted token is therefore a draw from the target given exactly the
-tokens before it: greedy output equals non-speculative greedy output token for token.
-(For a deterministic draft this is Leviathan et al.'s rejection sampling: accept with
-probability p(d), otherwise draw from p with d removed.)
+Row j of a sequence's logits sees the context plus drafts d_1..d_j.
+- Greedy requests: the sampler takes x_j (the argmax) there and draft d_{j+1} is kept while
+  x_j == d_{j+1}, so greedy output equals non-speculative output token for token.
+- Sampling requests: Leviathan / Chen rejection sampling (`rejection_sample` below) of the
+  drafts, drawn from the proposer's q, against the target's processed distribution p; every
+  emitted token is distributed exactly as if the target had sampled it alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from minserve.model.sampler import SamplingRow
+from minserve.speculative.distributions import row_after
 
 
 def accepted_length(sampled: list[int], drafts: list[int]) -> int:
@@ -31,15 +30,14 @@ def accepted_length(sampled: list[int], drafts: list[int]) -> int:
 def rows_for_drafts(row: SamplingRow, drafts: list[int]) -> list[SamplingRow]:
     """One sampling row per verified position: row j has the drafts before it as output, so
     penalties, min_tokens and logprobs see exactly what a plain decode would."""
-    outputs = list(row.output_token_ids)
-    return [row] + [
-        replace(row, output_token_ids=outputs + drafts[:j]) for j in range(1, len(drafts) + 1)
-    ]
+    return [row_after(row, drafts[:j]) for j in range(len(drafts) + 1)]
 
 
 # Rejection sampling against a draft *distribution* (Leviathan et al. 2023, Chen et al. 2023).
-# The engine's proposers are deterministic (q is one-hot at the draft), where the rule above is
-# this one with q(d) = 1: accept with probability p(d), else draw from p with d removed.
+# The engine verifies a sampling request's drafts with it (speculative_config's
+# "rejection_sampler", default `rejection_sample`): model proposers draw their drafts from q;
+# n-gram drafts are one-hot (accept with probability p(d), else draw from p with d removed,
+# the rule above). Greedy requests keep the rule above.
 
 
 # >>> exercise 6.1: the residual distribution

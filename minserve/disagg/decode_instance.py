@@ -1,0 +1,86 @@
+"""A decode instance: a process that takes prefilled requests in and streams their tokens out.
+
+One round, as the proxy (rank 0) commands it:
+
+    abort what the proxy says (frees those blocks here)
+    for each prefill rank the proxy names, in rank order:
+        receive its offers, allocate blocks (or refuse: recompute), ack, receive the KV
+    one decode step over everything it holds
+    report to the proxy: each request's new tokens this step (not only finished ones),
+    what it admitted, hand-offs lost to a dead prefill rank, and its stats
+
+Its engine is the ordinary `LLMEngine`; `engine_hooks.add_prefilled` continues a request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from minserve.disagg.kv_transfer import TorchKVTransfer
+from minserve.disagg.pd_worker import admit, receive_into_blocks
+from minserve.disagg.token_deltas import DeltaReporter
+from minserve.disagg.topology import PROXY_RANK
+from minserve.disagg.wire import recv_command, send_json
+from minserve.engine import LLMEngine
+
+
+class HandOffLostError(RuntimeError):
+    """A prefill rank failed mid-hand-off; `request_ids` were dropped here."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        super().__init__(f"hand-off of {request_ids} failed")
+        self.request_ids = request_ids
+
+
+def serve_decode_rounds(engine: LLMEngine, control: dist.ProcessGroup) -> None:
+    """Rounds until the proxy says stop or is gone (commands on the control group)."""
+    instance = DecodeInstance(engine)
+    while (command := recv_command(PROXY_RANK, control)) is not None:
+        send_json(instance.round(command), PROXY_RANK)
+
+
+class DecodeInstance:
+    """One decode engine and a KV link to each prefill rank that has sent it requests."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.transfers: dict[int, TorchKVTransfer] = {}
+        self.deltas = DeltaReporter()
+
+    def round(self, command: dict[str, Any]) -> dict[str, Any]:
+        for request_id in command["abort"]:
+            self.engine.abort_request(request_id)
+            self.deltas.forget(request_id)
+        admitted, lost = [], []
+        for rank in command["receive_from"]:
+            try:
+                admitted += self.receive_from(rank)
+            except HandOffLostError as error:
+                lost += error.request_ids
+        outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+        reported = [self.deltas.report(o) for o in outputs]
+        stats = self.engine.get_metrics()
+        return {"outputs": reported, "admitted": admitted, "lost": lost, "stats": stats}
+
+    def receive_from(self, rank: int) -> list[list]:
+        """One prefill rank's hand-off: [[request id, received its KV], ...]."""
+        transfer = self.transfers.setdefault(rank, TorchKVTransfer(rank))
+        try:
+            offers = transfer.receive_offers()
+        except (RuntimeError, dist.DistError):
+            raise HandOffLostError([]) from None  # nothing was admitted yet
+        admitted = [admit(self.engine, offer) for offer in offers]
+        try:
+            transfer.acknowledge([accepted for _, accepted in admitted])
+            for seq, accepted in admitted:
+                if accepted:
+                    receive_into_blocks(self.engine, transfer, seq)
+        except (RuntimeError, dist.DistError):
+            for offer in offers:
+                self.engine.abort_request(offer.request_id)  # frees what was allocated
+            raise HandOffLostError([o.request_id for o in offers]) from None
+        for seq, _ in admitted:
+            self.deltas.already_reported(seq)
+        return [[seq.request.request_id, accepted] for seq, accepted in admitted]

@@ -1,0 +1,131 @@
+"""A prefill instance: a process that prefills, then hands each request's KV to a decode rank.
+
+One round, as the proxy (rank 0) commands it:
+
+    abort what the proxy says (queued, mid-prefill, or prefilled and waiting to leave)
+    add the new requests to its engine
+    hand off last round's prefills: for each destination decode rank, in rank order,
+        offer (JSON) -> acks -> KV blocks (send) -> free its own copies
+    one prefill step; requests that got their first token are detached, kept for the next
+    report to the proxy: new tokens, who leaves, transfer decisions, lost hand-offs, stats
+
+Per destination, `TransferRule` (link measured at start-up, prefill speed measured here)
+chooses whether the KV moves or the decode instance recomputes the prompt.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict
+from typing import Any
+
+import torch.distributed as dist
+
+from minserve.disagg.engine_hooks import detach_prefilled
+from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
+from minserve.disagg.token_deltas import DeltaReporter
+from minserve.disagg.topology import PROXY_RANK
+from minserve.disagg.transfer_rule import TransferRule
+from minserve.disagg.wire import recv_command, send_json
+from minserve.engine import LLMEngine
+from minserve.sampling_params import SamplingParams
+from minserve.scheduler.sequence import Sequence
+
+
+def serve_prefill_rounds(
+    engine: LLMEngine,
+    control: dist.ProcessGroup,
+    links: dict[int, tuple[float, float]],
+    policy: str,
+) -> None:
+    """Rounds until the proxy says stop or is gone (commands on the control group)."""
+    instance = PrefillInstance(engine, links, policy)
+    while (command := recv_command(PROXY_RANK, control)) is not None:
+        send_json(instance.round(command), PROXY_RANK)
+
+
+class PrefillInstance:
+    """One prefill engine, its prefilled requests waiting to leave, and one link per decode rank."""
+
+    def __init__(
+        self, engine: LLMEngine, links: dict[int, tuple[float, float]], policy: str
+    ) -> None:
+        self.engine = engine
+        self.rules = {d: TransferRule(*link, policy=policy) for d, link in links.items()}
+        self.transfers = {d: TorchKVTransfer(d) for d in links}
+        self.leaving: dict[str, Sequence] = {}
+        self.deltas = DeltaReporter()
+
+    def round(self, command: dict[str, Any]) -> dict[str, Any]:
+        for request_id in command["abort"]:
+            self.abort(request_id)
+        for add in command["add"]:
+            params = SamplingParams(**add["params"])
+            self.engine.add_request(
+                add["id"], None, add["prompt_token_ids"], params, add["priority"]
+            )
+        decisions, lost = self.hand_off(command["send"])
+        outputs, leaving = self.step()
+        stats = self.engine.get_metrics()
+        return {"outputs": outputs, "leaving": leaving, "decisions": decisions, "lost": lost,
+                "stats": stats}  # fmt: skip
+
+    def abort(self, request_id: str) -> None:
+        seq = self.leaving.pop(request_id, None)
+        if seq is not None:
+            self.engine.kv.free(seq.block_table)
+        else:
+            self.engine.abort_request(request_id)
+        self.deltas.forget(request_id)
+
+    def hand_off(self, sends: list[list]) -> tuple[list[dict], list[str]]:
+        """Each destination in rank order (every rank walks the pairs in one global order)."""
+        by_rank: dict[int, list[Sequence]] = defaultdict(list)
+        for request_id, rank in sends:
+            by_rank[rank].append(self.leaving.pop(request_id))
+        decisions, lost = [], []
+        for rank in sorted(by_rank):
+            seqs = by_rank[rank]
+            try:
+                decisions += self.send_to(rank, seqs)
+            except (RuntimeError, dist.DistError):  # the decode instance died mid-hand-off
+                lost += [seq.request.request_id for seq in seqs]
+            finally:
+                for seq in seqs:
+                    self.engine.kv.free(seq.block_table)  # only now: acked and sent, or lost
+        return decisions, lost
+
+    def send_to(self, rank: int, seqs: list[Sequence]) -> list[dict]:
+        """Offer, get acks, send the accepted requests' blocks; the decisions as JSON."""
+        pool, rule = self.engine.kv.pool, self.rules[rank]
+        decisions = [
+            rule.decide(
+                seq.request.request_id, len(seq.request.prompt_token_ids),
+                len(seq.block_table.blocks) * pool.block_nbytes,
+            )
+            for seq in seqs
+        ]  # fmt: skip
+        offers = [KVOffer.of(seq, d.transfer) for seq, d in zip(seqs, decisions)]
+        accepted = self.transfers[rank].offer(offers)
+        for seq, ok in zip(seqs, accepted):
+            if ok:
+                self.transfers[rank].send_blocks(pool.read_blocks(seq.block_table.blocks))
+        return [
+            {**asdict(d), "to_rank": rank, "accepted": ok} for d, ok in zip(decisions, accepted)
+        ]
+
+    def step(self) -> tuple[list[dict], list[str]]:
+        """One prefill step: every request's new tokens, and the ids of those now leaving."""
+        if not self.engine.has_unfinished_requests():
+            return [], []
+        outputs = self.engine.step()
+        batch, timings = self.engine.last_batch, self.engine.last_timings
+        for rule in self.rules.values():
+            rule.observe_prefill(batch.num_batched_tokens, timings.forward)
+        leaving = [o.request_id for o in outputs if not o.finished]
+        for request_id in leaving:
+            self.leaving[request_id] = detach_prefilled(self.engine, request_id)
+        reported = [self.deltas.report(o) for o in outputs]
+        for request_id in leaving:
+            self.deltas.forget(request_id)  # its decode instance reports from here on
+        return reported, leaving

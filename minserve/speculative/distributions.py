@@ -1,0 +1,69 @@
+"""The distributions speculative sampling compares: the target's p and the draft's q.
+
+Rejection sampling is exact only if p is the distribution the target's sampler would draw
+from at that position: after penalties, min_tokens, temperature, top-k, top-p and min-p
+(`processed_logits` applies them in the sampler's order, with the sampler's own filters).
+A model proposer processes its own logits the same way and draws its drafts from that q,
+one uniform per row from the request's generator, as the sampler does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from minserve.model.sampler import (
+    Sampler,
+    SamplingRow,
+    apply_penalties,
+    draw_from_logits,
+    per_row,
+    row_uniforms,
+    suppress_stop_tokens,
+)
+
+
+def processed_logits(
+    sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]
+) -> torch.Tensor:
+    """`logits` [rows, vocab] as `sampler` transforms them before drawing (sampling rows).
+
+    Softmax of the result is the distribution the sampler draws each row from; filtered
+    tokens are -inf (probability 0)."""
+    logits = suppress_stop_tokens(apply_penalties(logits.float(), rows), rows)
+    device = logits.device
+    logits = logits / per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
+    if any(row.params.top_k > 0 for row in rows):
+        logits = sampler.top_k_fn(logits, per_row(rows, "top_k", device, torch.long))
+    if any(row.params.top_p < 1 for row in rows):
+        logits = sampler.top_p_fn(logits, per_row(rows, "top_p", device))
+    if any(row.params.min_p > 0 for row in rows):
+        logits = sampler.min_p_fn(logits, per_row(rows, "min_p", device))
+    return logits
+
+
+def row_after(row: SamplingRow, drafts: list[int]) -> SamplingRow:
+    """The sampling row of the position after `drafts`: they count as output so far."""
+    if not drafts:
+        return row
+    return replace(row, output_token_ids=[*row.output_token_ids, *drafts])
+
+
+def choose_drafts(
+    sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]
+) -> tuple[list[int], list[torch.Tensor | None]]:
+    """One draft per row from a proposer's logits [rows, vocab], and the q it came from.
+
+    Greedy rows take the argmax (q is one-hot there: None). Sampling rows draw from their
+    processed distribution q, whose row [vocab] is returned for the verifier."""
+    tokens = logits.argmax(dim=-1)  # [rows]; replaced below for sampling rows
+    probs: list[torch.Tensor | None] = [None] * len(rows)
+    drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
+    if drawn:
+        drawn_rows = [rows[i] for i in drawn]
+        processed = processed_logits(sampler, logits[drawn], drawn_rows)  # [drawn, vocab]
+        tokens[drawn] = draw_from_logits(processed, row_uniforms(drawn_rows, logits.device))
+        for i, q in zip(drawn, processed.softmax(dim=-1)):
+            probs[i] = q
+    return tokens.tolist(), probs

@@ -1,0 +1,81 @@
+"""Verifying a sampling request's drafts: rejection sampling against the target's p.
+
+At each verified position the target's processed distribution p (one batched call for every
+such row of the step) is compared with the q the draft came from: a model proposer's own
+processed distribution, or one-hot for deterministic drafts (n-gram). The per-sequence walk
+(`rejection_sample`, or the student's verifier of chapter 06) keeps each draft with
+probability min(1, p/q) and ends with one token of the target's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from minserve.model.sampler import Sampler, SamplingRow, logprob_dicts
+from minserve.speculative.distributions import processed_logits
+
+RejectionSampler = Callable[[torch.Tensor, torch.Tensor, list[int], torch.Generator], list[int]]
+Verified = tuple[list[int], list[dict[int, float] | None]]  # tokens kept, their logprobs
+
+
+def verify_sampled(
+    rejection_sampler: RejectionSampler,
+    sampler: Sampler,
+    logits: torch.Tensor,  # [num_rows, vocab]: the rows of these sequences, in order
+    rows: list[SamplingRow],  # one per logits row (rows_for_drafts of each sequence)
+    drafts: list[list[int]],  # per sequence, at least one draft
+    draft_probs: list[torch.Tensor | None],  # per sequence: q [len(drafts), vocab] or None
+) -> list[Verified]:
+    """Each sequence's kept tokens (accepted drafts + one), with logprobs where asked."""
+    probs = processed_logits(sampler, logits, rows).softmax(dim=-1).cpu()  # [num_rows, vocab]
+    kept: list[list[int]] = []
+    first = 0
+    for own, q in zip(drafts, draft_probs):
+        count = len(own) + 1
+        p = probs[first : first + count]  # [k + 1, vocab]
+        q = _one_hot(own, p.shape[-1]) if q is None else q.float().cpu()  # [k, vocab]
+        generator = rows[first].generator or torch.default_generator  # the sampler's RNG
+        kept.append(_checked(rejection_sampler(p, q, own, generator), own))
+        first += count
+    return list(zip(kept, _logprobs(logits, rows, drafts, kept)))
+
+
+def _one_hot(tokens: list[int], vocab: int) -> torch.Tensor:
+    """q of a deterministic draft: all its mass on the proposed token. [k, vocab]"""
+    return torch.nn.functional.one_hot(torch.tensor(tokens), vocab).float()
+
+
+def _checked(tokens: list[int], drafts: list[int]) -> list[int]:
+    """A verifier must return the accepted drafts (a prefix) plus one token of the target's."""
+    tokens = [int(t) for t in tokens]
+    accepted = len(tokens) - 1
+    if not 0 <= accepted <= len(drafts) or tokens[:accepted] != drafts[:accepted]:
+        raise ValueError(
+            f"the rejection sampler returned {tokens} for drafts {drafts}: expected the "
+            "accepted drafts, in order, then one token drawn by the target (1 to "
+            f"{len(drafts) + 1} tokens)"
+        )
+    return tokens
+
+
+def _logprobs(
+    logits: torch.Tensor, rows: list[SamplingRow], drafts: list[list[int]], kept: list[list[int]]
+) -> list[list[dict[int, float] | None]]:
+    """Per sequence, the sampler's logprob dicts (raw logits) of the tokens it kept."""
+    picked: list[int] = []  # logits row of every kept token
+    first = 0
+    for own, tokens in zip(drafts, kept):
+        picked += range(first, first + len(tokens))
+        first += len(own) + 1
+    picked_rows = [rows[i] for i in picked]
+    wanted = any(row.params.logprobs is not None for row in picked_rows)
+    raw = logits[picked].float().log_softmax(dim=-1) if wanted else None  # [picked, vocab]
+    token_ids = torch.tensor([t for tokens in kept for t in tokens], device=logits.device)
+    dicts = logprob_dicts(raw, token_ids, picked_rows)
+    out, start = [], 0
+    for tokens in kept:
+        out.append(dicts[start : start + len(tokens)])
+        start += len(tokens)
+    return out
