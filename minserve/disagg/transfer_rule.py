@@ -77,15 +77,18 @@ class TransferRule:
 # <<< exercise
 
 
-def measure_link(peer: int, sender: bool, sizes: tuple[int, int] = (1 << 10, 1 << 22)) -> tuple:
+def measure_link(
+    peer: int, sender: bool, sizes: tuple[int, int] = (1 << 10, 1 << 22), repeats: int = 5
+) -> tuple:
     """Ping-pong `sizes` bytes with `peer` (both sides call it); (latency_s, bandwidth B/s).
 
     The time of a round trip of n bytes and a 1-byte reply is latency + n / bandwidth;
-    two sizes give both unknowns.
+    two sizes give both unknowns. One unmeasured round trip first (the first message pays
+    for setting the connection up), then the fastest of `repeats` per size.
     """
-    times = []
     reply = torch.zeros(1, dtype=torch.uint8)
-    for n in sizes:
+
+    def round_trip(n: int) -> float:
         payload = torch.zeros(n, dtype=torch.uint8)  # [n bytes]
         start = time.perf_counter()
         if sender:
@@ -94,7 +97,10 @@ def measure_link(peer: int, sender: bool, sizes: tuple[int, int] = (1 << 10, 1 <
         else:
             dist.recv(payload, peer)
             dist.send(reply, peer)
-        times.append(time.perf_counter() - start)
+        return time.perf_counter() - start
+
+    round_trip(sizes[0])
+    times = [min(round_trip(n) for _ in range(repeats)) for n in sizes]
     (small, large), (t_small, t_large) = sizes, times
     bandwidth = (large - small) / max(t_large - t_small, 1e-9)
     return max(t_small - small / bandwidth, 0.0), bandwidth
