@@ -4,10 +4,11 @@
 
 Two engines share nothing but the checkpoint: one loads SmolLM2 with `prepack=False`
 (`F.linear` on row-major weights), one with the loader's default (weights reordered once
-for oneDNN, `minserve/model/packed_linear.py`). For each dtype and batch size, both get
-the same requests (128-token prompts, greedy), then their decode steps alternate, so
-machine noise falls on both alike. Reports the median step time of each and the ratio,
-and whether the two engines' greedy tokens were identical. Writes packed_linear.json/.md.
+for oneDNN, `minserve/model/packed_linear.py`); both fuse q/k/v and gate/up. For each
+dtype and batch size, both get the same requests (128-token prompts, greedy), then their
+decode steps alternate, so machine noise falls on both alike. Reports the median step
+time of each, the ratio, and whether the two engines' greedy tokens were identical.
+Writes packed_linear.json/.md.
 """
 
 from __future__ import annotations

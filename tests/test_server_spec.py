@@ -3,7 +3,8 @@ the server then speculates, reports acceptance in /metrics, and answers exactly 
 answers without speculation.
 
 Oracle: the same command without the flag (greedy decoding), over HTTP. uvicorn.run is
-replaced by a function that talks to the app in-process, so the whole command runs.
+`run_until_stopped` is replaced by a function that talks to the app in-process, so the whole
+command runs.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ def serve_and_ask(model: str, monkeypatch, *flags: str) -> tuple[list[str], dict
     """Run `minserve serve ... flags`; greedy completions of PROMPTS and the metrics after."""
     answers: dict = {}
 
-    def fake_uvicorn_run(app, **_: object) -> None:
-        client = TestClient(app)
+    def fake_run_until_stopped(server, host: str, port: int) -> None:
+        client = TestClient(server.start().app)
         body = {"prompt": PROMPTS, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
         answers["response"] = client.post("/v1/completions", json=body).json()
         answers["metrics"] = _settled_metrics(client)
+        server.shutdown()
 
-    monkeypatch.setattr("uvicorn.run", fake_uvicorn_run)
+    monkeypatch.setattr("minserve.server.cli.run_until_stopped", fake_run_until_stopped)
     argv = ["serve", "--model", model, "--num-blocks", "128", "--block-size", "4", *flags]
     assert main(argv) == 0
     texts = [choice["text"] for choice in answers["response"]["choices"]]

@@ -110,6 +110,7 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, config.kv_size, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, config.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.q_size, hidden, bias=config.o_bias)
+        self.qkv_proj: nn.Linear | None = None  # q, k, v in one (`fused_projections.py`)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -119,14 +120,23 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         cfg = self.config
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, cfg.num_heads, cfg.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        q, k, v = self.project(x)
+        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotation.apply(q), rotation.apply(k)
         out = attention(layer, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, cfg.q_size))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> q [T, q_size], k and v [T, kv_size]: three linears, or one fused."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        cfg = self.config
+        q, k, v = self.qkv_proj(x).split((cfg.q_size, cfg.kv_size, cfg.kv_size), dim=-1)
+        return q, k, v
 
 
 class MLP(nn.Module):
@@ -138,9 +148,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=bias)
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.gate_up_proj: nn.Linear | None = None  # gate and up in one (`fused_projections.py`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -10,6 +10,7 @@ import torch
 from minserve.errors import ModelLoadError
 from minserve.model.config import ModelConfig
 from minserve.model.default_model import default_model_path
+from minserve.model.fused_projections import fuse_projections
 from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
 from minserve.model.llama import CausalLM, RotaryEmbedding
@@ -59,10 +60,12 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "auto",
     prepack: bool = True,
+    fuse: bool = True,
 ) -> LoadedModel:
     """Load a GGUF file or a Hugging Face checkpoint folder (None: the bundled SmolLM2).
 
-    `prepack`: on a CPU, reorder the linear weights once for oneDNN (`packed_linear.py`)."""
+    `fuse`: q/k/v and gate/up as one linear each (`fused_projections.py`); `prepack`: on a
+    CPU, reorder the linear weights once for oneDNN (`packed_linear.py`)."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -81,7 +84,7 @@ def load_model(
         config = config_from_gguf(reader)
         weights = weights_from_gguf(reader, config)
         tokenizer = Tokenizer.from_gguf(path)
-    net = build_model(config, weights, resolve_dtype(dtype, target), target, prepack)
+    net = build_model(config, weights, resolve_dtype(dtype, target), target, prepack, fuse)
     return LoadedModel(path=path, config=config, model=net, tokenizer=tokenizer)
 
 
@@ -91,6 +94,7 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
     prepack: bool = False,
+    fuse: bool = False,
 ) -> CausalLM:
     """Create the decoder without initialising it, then adopt the checkpoint's tensors."""
     with torch.device("meta"):
@@ -105,6 +109,8 @@ def build_model(
     net.rope = RotaryEmbedding(config).to(device)  # computed, not loaded
     if config.tie_word_embeddings:
         net.lm_head.weight = net.model.embed_tokens.weight
+    if fuse:
+        fuse_projections(net)
     if prepack and can_prepack(device, dtype):
         prepack_linears(net)
     return net.eval()

@@ -19,9 +19,18 @@ from minserve.server.app import Server
 class BackgroundServer:
     """uvicorn + the engine loop, started on enter and always stopped on exit."""
 
-    def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        server: Server,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        start_engine: bool = True,
+    ) -> None:
+        """`start_engine=False`: the caller runs the engine loop (`server.engine.run()`)."""
         self.server = server
-        config = uvicorn.Config(server.app, host=host, port=port, log_level="warning")
+        self.start_engine = start_engine
+        config = uvicorn.Config(server.app, host=host, port=port, log_level=log_level)
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._uvicorn.run, name="uvicorn", daemon=True)
 
@@ -31,7 +40,8 @@ class BackgroundServer:
         return f"http://{host}:{port}"
 
     def start(self, timeout_s: float = 30.0) -> str:
-        self.server.start()
+        if self.start_engine:
+            self.server.start()
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._uvicorn.started:

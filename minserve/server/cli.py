@@ -1,9 +1,10 @@
-"""`minserve serve`: the engine's options as flags (vLLM's names), then uvicorn."""
+"""`minserve serve`: the engine's options as flags (vLLM's names); HTTP and the engine loop."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from minserve.speculative.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from minserve.disagg.proxy_engine import DisaggregatedEngine
+    from minserve.server.app import Server
 
 SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
 
@@ -78,8 +80,6 @@ def _topology(text: str) -> PDTopology:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from minserve.server.app import build_disaggregated_server, build_server
     from minserve.server.serving import ServerConfig
 
@@ -97,14 +97,34 @@ def _serve(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
         scheduling_policy=args.scheduling_policy,
     )
-    server = build(llm, config, args.max_queued_requests).start()
-    print(f"minserve: serving {config.model_name!r} on http://{args.host}:{args.port}/v1")
+    server = build(llm, config, args.max_queued_requests)
     try:
-        uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
+        run_until_stopped(server, args.host, args.port)
     finally:
-        server.shutdown()
         llm.shutdown()  # stops tensor-parallel workers or disaggregated instances, if any
     return 0
+
+
+def run_until_stopped(server: Server, host: str, port: int) -> None:
+    """HTTP (uvicorn) in a thread, the engine loop in this one, the main thread, where
+    OpenMP runs the model fastest; until Ctrl-C or SIGTERM."""
+    from minserve.server.background import BackgroundServer
+
+    http = BackgroundServer(server, host, port, log_level="info", start_engine=False)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        http.start()
+        print(f"minserve: serving {server.config.model_name!r} on http://{host}:{port}/v1")
+        server.engine.run()
+    except KeyboardInterrupt:
+        print("minserve: shutting down")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        http.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _start_cluster(args: argparse.Namespace) -> DisaggregatedEngine:
