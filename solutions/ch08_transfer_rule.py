@@ -1,19 +1,25 @@
-# Generated from minserve/disagg/transfer_rule.py by `python -m minserve.course.generate`;
+# Generated from minserve/disagg/transfer_rule.py, minserve/disagg/pd_worker.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 08, Disaggregating prefill and decode: transfer or recompute.
+"""Chapter 08, Disaggregating prefill and decode: transfer or recompute, and the
+decode side of the KV hand-off.
 
 After a prefill, a request's KV cache either travels to the decode instance
 (latency + bytes / bandwidth) or the decode instance computes the prompt again
-(prompt tokens x seconds per prefill token). You write `TransferRule.decide`.
+(prompt tokens x seconds per prefill token). You write `TransferRule.decide`,
+then `admit`: the decode instance takes an offered request, blocks first.
 """
 
 from dataclasses import dataclass
 
+from minserve.disagg.engine_hooks import add_prefilled  # noqa: F401
+from minserve.disagg.kv_transfer import KVOffer
 from minserve.disagg.transfer_rule import (
     POLICIES,
     TransferDecision,
     log,  # noqa: F401  (to log each decision)
 )
+from minserve.engine import LLMEngine
+from minserve.scheduler.sequence import Sequence
 
 
 # Exercise 8.1: transfer or recompute
@@ -56,3 +62,23 @@ class TransferRule:
             "transfer" if transfer else "recompute",
         )  # fmt: skip
         return decision
+
+
+# Exercise 8.2: the decode side of the KV hand-off
+def admit(engine: LLMEngine, offer: KVOffer) -> tuple[Sequence, bool]:
+    """Take an offered request into this decode engine; (its sequence, KV accepted).
+
+    Blocks come first: with `offer.with_kv`, allocate blocks for the whole prompt before
+    any byte moves, with `add_prefilled(engine, request_id, prompt ids (a list), params,
+    first_token, with_kv=True)`; the caller then acknowledges and writes the received KV
+    into `seq.block_table`. It raises MemoryError when the pool has no room: then refuse
+    the KV and take the request anyway, to recompute its prompt here (`with_kv=False`).
+    An offer without KV (the rule chose recompute) is always taken that way.
+    """
+    args = (offer.request_id, list(offer.prompt_token_ids), offer.params, offer.first_token)
+    if offer.with_kv:
+        try:
+            return add_prefilled(engine, *args, with_kv=True), True
+        except MemoryError:
+            pass  # refused: the prompt is recomputed here instead
+    return add_prefilled(engine, *args, with_kv=False), False

@@ -183,19 +183,25 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="disaggregating_prefill_and_decode",
         title="Disaggregating prefill and decode",
         module="ch08_transfer_rule",
-        sources=("disagg/transfer_rule.py",),
+        sources=("disagg/transfer_rule.py", "disagg/pd_worker.py"),
         header=(
-            '"""Chapter 08, Disaggregating prefill and decode: transfer or recompute.\n\n'
+            '"""Chapter 08, Disaggregating prefill and decode: transfer or recompute, and the\n'
+            "decode side of the KV hand-off.\n\n"
             "After a prefill, a request's KV cache either travels to the decode instance\n"
             "(latency + bytes / bandwidth) or the decode instance computes the prompt again\n"
-            "(prompt tokens x seconds per prefill token). You write `TransferRule.decide`.\n"
+            "(prompt tokens x seconds per prefill token). You write `TransferRule.decide`,\n"
+            "then `admit`: the decode instance takes an offered request, blocks first.\n"
             '"""\n\n'
             "from dataclasses import dataclass\n\n"
+            "from minserve.disagg.engine_hooks import add_prefilled  # noqa: F401\n"
+            "from minserve.disagg.kv_transfer import KVOffer\n"
             "from minserve.disagg.transfer_rule import (\n"
             "    POLICIES,\n"
             "    TransferDecision,\n"
             "    log,  # noqa: F401  (to log each decision)\n"
             ")\n"
+            "from minserve.engine import LLMEngine\n"
+            "from minserve.scheduler.sequence import Sequence\n"
         ),
         checks="minserve.course.checks_ch08",
     ),

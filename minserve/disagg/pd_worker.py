@@ -79,8 +79,18 @@ def serve_decode(engine: LLMEngine, transfer: TorchKVTransfer) -> None:
         send_json([finished_json(o) for o in outputs if o.finished], PREFILL_RANK)
 
 
+# >>> exercise 8.2: the decode side of the KV hand-off
 def admit(engine: LLMEngine, offer: KVOffer) -> tuple[Sequence, bool]:
-    """Allocate blocks for the offered KV; with no room, take the request to recompute."""
+    """Take an offered request into this decode engine; (its sequence, KV accepted).
+
+    Blocks come first: with `offer.with_kv`, allocate blocks for the whole prompt before
+    any byte moves, with `add_prefilled(engine, request_id, prompt ids (a list), params,
+    first_token, with_kv=True)`; the caller then acknowledges and writes the received KV
+    into `seq.block_table`. It raises MemoryError when the pool has no room: then refuse
+    the KV and take the request anyway, to recompute its prompt here (`with_kv=False`).
+    An offer without KV (the rule chose recompute) is always taken that way.
+    """
+    # >>> solution
     args = (offer.request_id, list(offer.prompt_token_ids), offer.params, offer.first_token)
     if offer.with_kv:
         try:
@@ -88,6 +98,10 @@ def admit(engine: LLMEngine, offer: KVOffer) -> tuple[Sequence, bool]:
         except MemoryError:
             pass  # refused: the prompt is recomputed here instead
     return add_prefilled(engine, *args, with_kv=False), False
+    # <<< solution
+
+
+# <<< exercise
 
 
 def receive_into_blocks(engine: LLMEngine, transfer: TorchKVTransfer, seq: Sequence) -> None:
