@@ -199,6 +199,11 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, the filters a row asked for, then an inverse-CDF draw: [rows]."""
+        return draw_from_logits(self.filtered(logits, rows), row_uniforms(rows, logits.device))
+
+    def filtered(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Logits [rows, vocab] divided by each row's temperature, then top-k, top-p and
+        min-p where a row asked for them (filtered tokens -inf): what `_sample` draws from."""
         device = logits.device
         logits = logits / per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
         if any(row.params.top_k > 0 for row in rows):
@@ -207,7 +212,7 @@ class Sampler:
             logits = self.top_p_fn(logits, per_row(rows, "top_p", device))
         if any(row.params.min_p > 0 for row in rows):
             logits = self.min_p_fn(logits, per_row(rows, "min_p", device))
-        return draw_from_logits(logits, row_uniforms(rows, device))
+        return logits
 
 
 def draw_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ from minserve.model.sampler import (
     SamplingRow,
     apply_penalties,
     draw_from_logits,
-    per_row,
     row_uniforms,
     suppress_stop_tokens,
 )
@@ -32,15 +31,7 @@ def processed_logits(
     Softmax of the result is the distribution the sampler draws each row from; filtered
     tokens are -inf (probability 0)."""
     logits = suppress_stop_tokens(apply_penalties(logits.float(), rows), rows)
-    device = logits.device
-    logits = logits / per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
-    if any(row.params.top_k > 0 for row in rows):
-        logits = sampler.top_k_fn(logits, per_row(rows, "top_k", device, torch.long))
-    if any(row.params.top_p < 1 for row in rows):
-        logits = sampler.top_p_fn(logits, per_row(rows, "top_p", device))
-    if any(row.params.min_p > 0 for row in rows):
-        logits = sampler.min_p_fn(logits, per_row(rows, "min_p", device))
-    return logits
+    return sampler.filtered(logits, rows)
 
 
 def row_after(row: SamplingRow, drafts: list[int]) -> SamplingRow:
