@@ -107,10 +107,19 @@ class PrefillDecodePair:
         by_id = {r.request_id: r for r in requests}
         leaving: list[Sequence] = []
         while len(done) < len(requests):
-            self._hand_off(leaving)
-            leaving = self._prefill_step(done)
-            for result in recv_json(DECODE_RANK):
+            leaving, results = self.run_round(leaving, done)
+            for result in results:
                 done[result["request_id"]] = _output(by_id[result["request_id"]], result)
+
+    def run_round(
+        self, leaving: list[Sequence], done: dict[str, RequestOutput]
+    ) -> tuple[list[Sequence], list[dict[str, Any]]]:
+        """One round: hand off last round's prefills, one prefill step (requests done with
+        their first token go to `done`), then the decode side's finished results (JSON).
+        Returns the sequences to hand off next round, and those results."""
+        self._hand_off(leaving)
+        leaving = self._prefill_step(done)
+        return leaving, recv_json(DECODE_RANK)
 
     def _hand_off(self, leaving: list[Sequence]) -> None:
         """Offer, get acks, send accepted KV, then free rank 0's copies."""

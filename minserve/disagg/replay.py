@@ -49,8 +49,6 @@ def replay_pair(pair: PrefillDecodePair, workload: list[SimRequest]) -> SimResul
 
     A request finishes when its last token reaches this (the prefill and proxy) process.
     """
-    from minserve.disagg.pd_worker import DECODE_RANK
-    from minserve.disagg.wire import recv_json
 
     engine = pair.llm.engine
     if engine.has_unfinished_requests():
@@ -68,9 +66,8 @@ def replay_pair(pair: PrefillDecodePair, workload: list[SimRequest]) -> SimResul
         if len(finished) == len(started) and not leaving:  # idle until the next arrival
             time.sleep(max(0.0, pending[0].arrival_s - (time.monotonic() - start)))
             continue
-        pair._hand_off(leaving)  # one round of the pair, as in PrefillDecodePair._serve
-        leaving = pair._prefill_step(done)
-        done.update((r["request_id"], r) for r in recv_json(DECODE_RANK))
+        leaving, results = pair.run_round(leaving, done)
+        done.update((r["request_id"], r) for r in results)
         now = time.monotonic()
         finished.update((rid, now) for rid in done if rid not in finished)
     return SimResult(tuple(_pair_times(entry, finished) for entry in started))

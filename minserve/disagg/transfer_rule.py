@@ -78,13 +78,15 @@ class TransferRule:
 
 
 def measure_link(
-    peer: int, sender: bool, sizes: tuple[int, int] = (1 << 10, 1 << 22), repeats: int = 5
+    peer: int, sender: bool, sizes: tuple[int, int] = (1 << 10, 1 << 25), repeats: int = 5
 ) -> tuple:
     """Ping-pong `sizes` bytes with `peer` (both sides call it); (latency_s, bandwidth B/s).
 
     The time of a round trip of n bytes and a 1-byte reply is latency + n / bandwidth;
     two sizes give both unknowns. One unmeasured round trip first (the first message pays
-    for setting the connection up), then the fastest of `repeats` per size.
+    for setting the connection up), then the fastest of `repeats` per size. The large size
+    (32 MiB) keeps bytes / bandwidth well above the milliseconds a busy machine adds to a
+    wake-up; should noise still win, the large round trip alone gives the bandwidth.
     """
     reply = torch.zeros(1, dtype=torch.uint8)
 
@@ -102,5 +104,8 @@ def measure_link(
     round_trip(sizes[0])
     times = [min(round_trip(n) for _ in range(repeats)) for n in sizes]
     (small, large), (t_small, t_large) = sizes, times
-    bandwidth = (large - small) / max(t_large - t_small, 1e-9)
+    if t_large > t_small:
+        bandwidth = (large - small) / (t_large - t_small)
+    else:
+        bandwidth = large / t_large
     return max(t_small - small / bandwidth, 0.0), bandwidth
