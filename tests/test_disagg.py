@@ -5,9 +5,11 @@ import signal
 import time
 
 import pytest
+import torch
 
 from minserve import LLM, SamplingParams
 from minserve.disagg.engine_hooks import add_prefilled, detach_prefilled
+from minserve.disagg.kv_wire import MIXED_BACKEND, KVWire, choose_kv_wire, instance_gpu
 from minserve.disagg.pd_pair import DecodeWorkerError, PrefillDecodePair
 from minserve.disagg.transfer_rule import TransferRule
 
@@ -83,6 +85,32 @@ def test_rule_transfers_when_the_link_beats_recompute():
     assert rule.decide("a", 100, 10**6).transfer  # 2 ms to move vs 100 ms to recompute
     assert not rule.decide("b", 1, 10**7).transfer  # 11 ms to move vs 1 ms to recompute
     assert TransferRule(1e-3, 1e9, policy="recompute").decide("c", 100, 1).transfer is False
+
+
+def test_kv_travels_over_nccl_only_when_every_instance_has_its_own_gpu():
+    gpus = dict(nccl_available=True)
+    assert choose_kv_wire("cuda", 2, num_gpus=2, **gpus) == KVWire(MIXED_BACKEND, "cuda")
+    assert choose_kv_wire("auto", 4, num_gpus=8, **gpus).backend == MIXED_BACKEND
+    assert choose_kv_wire("cuda", 2, num_gpus=1, **gpus) == KVWire("gloo", "cpu")  # shared GPU
+    assert choose_kv_wire("cpu", 2, num_gpus=8, **gpus).backend == "gloo"
+    assert choose_kv_wire("auto", 2, num_gpus=0, **gpus).backend == "gloo"
+    assert choose_kv_wire("cuda", 2, num_gpus=2, nccl_available=False).backend == "gloo"
+    assert KVWire(MIXED_BACKEND, "cuda").device(1) == torch.device("cuda", 1)
+    assert KVWire("gloo", "cpu").device(1) == torch.device("cpu")
+    assert [instance_gpu(i, 2) for i in range(4)] == [0, 1, 0, 1]
+
+
+def test_gathered_blocks_are_a_copy_the_pool_can_reuse(model_dir):
+    # NCCL sends are asynchronous: the prefill side frees its blocks right after `send`,
+    # so what it sends must not alias the pool.
+    llm = LLM(model_dir, block_size=4, num_blocks=8)
+    pool = llm.engine.kv.pool
+    pool.kv.normal_()
+    sent = pool.gather_blocks([5, 2])  # [layers, 2, 2, bs, Hkv, D]
+    expected = pool.kv[:, :, [5, 2]].clone()
+    pool.kv.zero_()  # the blocks are reused by the next prefill
+    assert torch.equal(sent, expected)
+    assert sent.device == pool.kv.device
 
 
 def test_two_processes_match_colocated_greedy(model_dir, colocated):

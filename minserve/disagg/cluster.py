@@ -1,9 +1,11 @@
 """Starting a disaggregated cluster: spawn the instances, join one torch.distributed group.
 
-Every rank joins two gloo groups (NCCL would carry the KV on GPUs; see docs/distributed.md):
+Every rank joins two groups:
 
 - the *default* group, with the step timeout: reports, offers, acks and KV blocks, so a
-  stuck or dead peer becomes an error instead of a hang;
+  stuck or dead peer becomes an error instead of a hang. Its backend is gloo, or
+  "cpu:gloo,cuda:nccl" when every instance has its own GPU: then the KV blocks go from
+  GPU to GPU over NCCL and the JSON stays on gloo (`kv_wire.py`);
 - the *control* group, with a long timeout: the proxy's per-round commands, which an idle
   instance waits for as long as the server is idle (a dead proxy still ends the wait).
 
@@ -29,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from minserve.config import SchedulerConfig
+from minserve.disagg.kv_wire import KVWire, instance_gpu
 from minserve.disagg.topology import PROXY_RANK, PDTopology
 from minserve.disagg.transfer_rule import measure_link
 from minserve.disagg.wire import recv_json, send_json
@@ -50,6 +53,11 @@ class ClusterSpec:
     port: int
     step_timeout_s: float = 600.0
     transfer_policy: str = "auto"
+    kv_wire: KVWire = KVWire("gloo", "cpu")
+
+    def kv_device(self, rank: int) -> torch.device:
+        """Where rank's KV travels from: its GPU with NCCL, else the host (rank 0: unused)."""
+        return self.kv_wire.device(instance_gpu(rank - 1, torch.cuda.device_count()))
 
 
 class InstanceFailedError(RuntimeError):
@@ -59,13 +67,15 @@ class InstanceFailedError(RuntimeError):
 def join_cluster(rank: int, spec: ClusterSpec) -> dist.ProcessGroup:
     """Join the default group (step timeout) and create the control group (idle timeout)."""
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
+        spec.kv_wire.backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
         world_size=spec.topology.world_size, timeout=timedelta(seconds=spec.step_timeout_s),
     )  # fmt: skip
     return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
 
 
-def measure_links(rank: int, topology: PDTopology) -> dict[int, tuple[float, float]]:
+def measure_links(
+    rank: int, topology: PDTopology, device: torch.device
+) -> dict[int, tuple[float, float]]:
     """Every prefill/decode pair ping-pongs, in one global order (no rank waits in a cycle).
 
     Returns, on a prefill rank, {decode rank: (latency_s, bandwidth B/s)}; elsewhere {}.
@@ -74,9 +84,9 @@ def measure_links(rank: int, topology: PDTopology) -> dict[int, tuple[float, flo
     for p in topology.prefill_ranks:
         for d in topology.decode_ranks:
             if rank == p:
-                links[d] = measure_link(d, sender=True)
+                links[d] = measure_link(d, sender=True, device=device)
             elif rank == d:
-                measure_link(p, sender=False)
+                measure_link(p, sender=False, device=device)
     return links
 
 
@@ -86,6 +96,9 @@ def instance_main(rank: int, spec: ClusterSpec, status: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the proxy; it stops us
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is defined
+    kv_device = spec.kv_device(rank)
+    if kv_device.type == "cuda":
+        torch.cuda.set_device(kv_device)  # the engine's "cuda" is this rank's own GPU
     from minserve.disagg.decode_instance import serve_decode_rounds
     from minserve.disagg.prefill_instance import serve_prefill_rounds
     from minserve.llm import LLM
@@ -98,14 +111,14 @@ def instance_main(rank: int, spec: ClusterSpec, status: Any) -> None:
     status.put(READY)
     control = join_cluster(rank, spec)
     try:
-        links = measure_links(rank, spec.topology)
+        links = measure_links(rank, spec.topology, kv_device)
         engine = llm.engine
         assert engine is not None
         send_json(hello(llm), PROXY_RANK)
         if spec.topology.is_prefill(rank):
-            serve_prefill_rounds(engine, control, links, spec.transfer_policy)
+            serve_prefill_rounds(engine, control, links, spec.transfer_policy, kv_device)
         else:
-            serve_decode_rounds(engine, control)
+            serve_decode_rounds(engine, control, kv_device)
     finally:
         dist.destroy_process_group()
     # Told to stop: leave now. The interpreter's own exit spends seconds in native

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from minserve.disagg.kv_transfer import TorchKVTransfer
+from minserve.disagg.kv_wire import HOST
 from minserve.disagg.pd_worker import admit, receive_into_blocks
 from minserve.disagg.token_deltas import DeltaReporter
 from minserve.disagg.topology import PROXY_RANK
@@ -34,9 +36,11 @@ class HandOffLostError(RuntimeError):
         self.request_ids = request_ids
 
 
-def serve_decode_rounds(engine: LLMEngine, control: dist.ProcessGroup) -> None:
+def serve_decode_rounds(
+    engine: LLMEngine, control: dist.ProcessGroup, kv_device: torch.device
+) -> None:
     """Rounds until the proxy says stop or is gone (commands on the control group)."""
-    instance = DecodeInstance(engine)
+    instance = DecodeInstance(engine, kv_device)
     while (command := recv_command(PROXY_RANK, control)) is not None:
         send_json(instance.round(command), PROXY_RANK)
 
@@ -44,8 +48,9 @@ def serve_decode_rounds(engine: LLMEngine, control: dist.ProcessGroup) -> None:
 class DecodeInstance:
     """One decode engine and a KV link to each prefill rank that has sent it requests."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, kv_device: torch.device = HOST) -> None:
         self.engine = engine
+        self.kv_device = kv_device  # where KV arrives: this rank's GPU with NCCL, else the host
         self.transfers: dict[int, TorchKVTransfer] = {}
         self.deltas = DeltaReporter()
 
@@ -66,7 +71,7 @@ class DecodeInstance:
 
     def receive_from(self, rank: int) -> list[list]:
         """One prefill rank's hand-off: [[request id, received its KV], ...]."""
-        transfer = self.transfers.setdefault(rank, TorchKVTransfer(rank))
+        transfer = self.transfers.setdefault(rank, TorchKVTransfer(rank, device=self.kv_device))
         try:
             offers = transfer.receive_offers()
         except (RuntimeError, dist.DistError):

@@ -11,7 +11,7 @@ The hand-off (DistServe, Mooncake), for each batch of requests a prefill step fi
 
 The decode side allocates before any byte moves, so a transfer never lands nowhere. The
 blocks travel by torch.distributed send/recv: gloo between CPU processes here; with NCCL
-on GPUs the same calls move GPU memory directly.
+on GPUs the same calls move GPU memory directly (`kv_wire.py` picks the backend).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from minserve.disagg.kv_wire import HOST
 from minserve.disagg.wire import recv_json, send_json
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.sequence import Sequence
@@ -82,9 +83,15 @@ class TransferStats:
 class TorchKVTransfer:
     """KV hand-off over torch.distributed point-to-point calls with rank `peer`."""
 
-    def __init__(self, peer: int, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        peer: int,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device = HOST,
+    ) -> None:
         self.peer = peer
         self.group = group
+        self.device = device  # where KV travels: the GPU with NCCL, the host with gloo
         self.stats = TransferStats()
 
     def offer(self, offers: list[KVOffer]) -> list[bool]:
@@ -98,7 +105,7 @@ class TorchKVTransfer:
     def send_blocks(self, kv: torch.Tensor) -> None:
         """Prefill side: one accepted request's blocks, [layers, 2, blocks, block_size, Hkv, D]."""
         start = time.perf_counter()
-        dist.send(kv.contiguous(), self.peer, group=self.group)
+        dist.send(kv.to(self.device).contiguous(), self.peer, group=self.group)
         self.stats.num_transfers += 1
         self.stats.kv_bytes += kv.numel() * kv.element_size()
         self.stats.seconds += time.perf_counter() - start
@@ -110,7 +117,7 @@ class TorchKVTransfer:
         send_json(accepted, self.peer, self.group)
 
     def receive_blocks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        kv = torch.empty(shape, dtype=dtype)  # [layers, 2, blocks, block_size, Hkv, D]
+        kv = torch.empty(shape, dtype=dtype, device=self.device)  # [layers, 2, blocks, bs, Hkv, D]
         dist.recv(kv, self.peer, group=self.group)
         self.stats.num_transfers += 1
         self.stats.kv_bytes += kv.numel() * kv.element_size()

@@ -23,10 +23,12 @@ import queue
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from minserve.disagg.engine_hooks import detach_prefilled
 from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
+from minserve.disagg.kv_wire import choose_kv_wire
 from minserve.disagg.pd_worker import DECODE_RANK, PairSpec, decode_main, join_pair
 from minserve.disagg.transfer_rule import TransferDecision, TransferRule, measure_link
 from minserve.disagg.wire import recv_json, send_json
@@ -55,8 +57,14 @@ class PrefillDecodePair:
     ) -> None:
         if dist.is_initialized():
             raise RuntimeError("this process is already in a torch.distributed group")
+        kv_wire = choose_kv_wire(engine_options.get("device", "auto"), num_instances=2)
+        spec = PairSpec(
+            str(model), tuple(engine_options.items()), free_port(), step_timeout_s, kv_wire
+        )
+        kv_device = spec.kv_device(0)
+        if kv_device.type == "cuda":
+            torch.cuda.set_device(kv_device)
         self.llm = LLM(model, **engine_options)
-        spec = PairSpec(str(model), tuple(engine_options.items()), free_port(), step_timeout_s)
         status = mp.get_context("spawn").Queue()
         self.proc = mp.get_context("spawn").Process(
             target=decode_main, args=(spec, status), daemon=True
@@ -64,8 +72,9 @@ class PrefillDecodePair:
         self.proc.start()
         self._wait_ready(status, startup_timeout_s)
         join_pair(0, spec)
-        self.rule = TransferRule(*measure_link(DECODE_RANK, sender=True), policy=transfer_policy)
-        self.transfer = TorchKVTransfer(DECODE_RANK)
+        link = measure_link(DECODE_RANK, sender=True, device=kv_device)
+        self.rule = TransferRule(*link, policy=transfer_policy)
+        self.transfer = TorchKVTransfer(DECODE_RANK, device=kv_device)
         self.decisions: dict[str, TransferDecision] = {}
         self.closed = False
         self._ids = itertools.count()
@@ -129,7 +138,7 @@ class PrefillDecodePair:
         accepted = self.transfer.offer(offers)
         for seq, ok in zip(leaving, accepted):
             if ok:
-                self.transfer.send_blocks(pool.read_blocks(seq.block_table.blocks))
+                self.transfer.send_blocks(pool.gather_blocks(seq.block_table.blocks))
         for seq in leaving:
             self.llm.engine.kv.free(seq.block_table)
 

@@ -1,6 +1,7 @@
 """The decode instance: a process that receives prefilled requests and decodes them.
 
-Rank 1 of a two-rank gloo group (rank 0 is the prefill instance, `pd_pair.py`). Each
+Rank 1 of a two-rank group (rank 0 is the prefill instance, `pd_pair.py`; gloo, or
+gloo + NCCL for the KV when each rank has its own GPU, `kv_wire.py`). Each
 round it takes the offers of requests rank 0 just prefilled, allocates blocks and
 acknowledges, receives their KV into those blocks, runs one decode step, and sends back
 the requests that finished (JSON). Its engine is the ordinary `LLMEngine`.
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from minserve.disagg.engine_hooks import add_prefilled
 from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
+from minserve.disagg.kv_wire import KVWire, instance_gpu
 from minserve.disagg.transfer_rule import measure_link
 from minserve.disagg.wire import recv_json, send_json
 from minserve.engine import LLMEngine
@@ -36,20 +38,30 @@ class PairSpec:
     engine_options: tuple[tuple[str, Any], ...]  # LLM keyword arguments
     port: int
     step_timeout_s: float
+    kv_wire: KVWire = KVWire("gloo", "cpu")
+
+    def kv_device(self, rank: int) -> torch.device:
+        """Where rank's KV travels from: its own GPU with NCCL, else the host."""
+        return self.kv_wire.device(instance_gpu(rank, torch.cuda.device_count()))
 
 
 def join_pair(rank: int, spec: PairSpec) -> None:
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank, world_size=2,
-        timeout=timedelta(seconds=spec.step_timeout_s),
+        spec.kv_wire.backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
+        world_size=2, timeout=timedelta(seconds=spec.step_timeout_s),
     )  # fmt: skip
 
 
 def decode_main(spec: PairSpec, status: Any) -> None:
     """Entry point of the spawned decode process; start-up errors go back through `status`."""
     torch.set_num_threads(1)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     from minserve.llm import LLM  # after the environment is set
+
+    kv_device = spec.kv_device(DECODE_RANK)
+    if kv_device.type == "cuda":
+        torch.cuda.set_device(kv_device)  # load the model onto this rank's own GPU
 
     try:
         llm = LLM(spec.model, **dict(spec.engine_options))
@@ -59,9 +71,9 @@ def decode_main(spec: PairSpec, status: Any) -> None:
     status.put("ready")  # before joining: rank 0 joins only once the model loaded here
     join_pair(DECODE_RANK, spec)
     try:
-        measure_link(PREFILL_RANK, sender=False)
+        measure_link(PREFILL_RANK, sender=False, device=kv_device)
         assert llm.engine is not None
-        serve_decode(llm.engine, TorchKVTransfer(PREFILL_RANK))
+        serve_decode(llm.engine, TorchKVTransfer(PREFILL_RANK, device=kv_device))
     finally:
         dist.destroy_process_group()
 

@@ -19,10 +19,12 @@ from collections import defaultdict
 from dataclasses import asdict
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from minserve.disagg.engine_hooks import detach_prefilled
 from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
+from minserve.disagg.kv_wire import HOST
 from minserve.disagg.token_deltas import DeltaReporter
 from minserve.disagg.topology import PROXY_RANK
 from minserve.disagg.transfer_rule import TransferRule
@@ -37,9 +39,10 @@ def serve_prefill_rounds(
     control: dist.ProcessGroup,
     links: dict[int, tuple[float, float]],
     policy: str,
+    kv_device: torch.device,
 ) -> None:
     """Rounds until the proxy says stop or is gone (commands on the control group)."""
-    instance = PrefillInstance(engine, links, policy)
+    instance = PrefillInstance(engine, links, policy, kv_device)
     while (command := recv_command(PROXY_RANK, control)) is not None:
         send_json(instance.round(command), PROXY_RANK)
 
@@ -48,11 +51,15 @@ class PrefillInstance:
     """One prefill engine, its prefilled requests waiting to leave, and one link per decode rank."""
 
     def __init__(
-        self, engine: LLMEngine, links: dict[int, tuple[float, float]], policy: str
+        self,
+        engine: LLMEngine,
+        links: dict[int, tuple[float, float]],
+        policy: str,
+        kv_device: torch.device = HOST,
     ) -> None:
         self.engine = engine
         self.rules = {d: TransferRule(*link, policy=policy) for d, link in links.items()}
-        self.transfers = {d: TorchKVTransfer(d) for d in links}
+        self.transfers = {d: TorchKVTransfer(d, device=kv_device) for d in links}
         self.leaving: dict[str, Sequence] = {}
         self.deltas = DeltaReporter()
 
@@ -109,7 +116,7 @@ class PrefillInstance:
         accepted = self.transfers[rank].offer(offers)
         for seq, ok in zip(seqs, accepted):
             if ok:
-                self.transfers[rank].send_blocks(pool.read_blocks(seq.block_table.blocks))
+                self.transfers[rank].send_blocks(pool.gather_blocks(seq.block_table.blocks))
         return [
             {**asdict(d), "to_rank": rank, "accepted": ok} for d, ok in zip(decisions, accepted)
         ]

@@ -29,6 +29,7 @@ from minserve.disagg.cluster import (
     stop_cluster,
 )
 from minserve.disagg.instance_stats import merge_stats
+from minserve.disagg.kv_wire import choose_kv_wire
 from minserve.disagg.placement import least_loaded
 from minserve.disagg.token_deltas import RemoteRequest
 from minserve.disagg.topology import PDTopology
@@ -65,9 +66,10 @@ class DisaggregatedEngine:
         path = default_model_path() if model is None else Path(model)
         if not path.exists():
             raise FileNotFoundError(f"model path {path} does not exist")
+        kv_wire = choose_kv_wire(engine_options.get("device", "auto"), self.topology.world_size - 1)
         self.spec = ClusterSpec(
             str(path), tuple(engine_options.items()), self.topology, free_port(),
-            step_timeout_s, transfer_policy,
+            step_timeout_s, transfer_policy, kv_wire,
         )  # fmt: skip
         self.procs, self.control, hellos = start_cluster(self.spec, startup_timeout_s)
         self.tokenizer = (

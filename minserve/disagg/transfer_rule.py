@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from minserve.disagg.kv_wire import HOST
+
 log = logging.getLogger("minserve.disagg")
 POLICIES = ("auto", "transfer", "recompute")
 
@@ -78,7 +80,11 @@ class TransferRule:
 
 
 def measure_link(
-    peer: int, sender: bool, sizes: tuple[int, int] = (1 << 10, 1 << 25), repeats: int = 5
+    peer: int,
+    sender: bool,
+    sizes: tuple[int, int] = (1 << 10, 1 << 25),
+    repeats: int = 5,
+    device: torch.device = HOST,
 ) -> tuple:
     """Ping-pong `sizes` bytes with `peer` (both sides call it); (latency_s, bandwidth B/s).
 
@@ -87,11 +93,12 @@ def measure_link(
     for setting the connection up), then the fastest of `repeats` per size. The large size
     (32 MiB) keeps bytes / bandwidth well above the milliseconds a busy machine adds to a
     wake-up; should noise still win, the large round trip alone gives the bandwidth.
+    The probes live on `device`, where the KV will travel from (a GPU measures NCCL).
     """
-    reply = torch.zeros(1, dtype=torch.uint8)
+    reply = torch.zeros(1, dtype=torch.uint8, device=device)
 
     def round_trip(n: int) -> float:
-        payload = torch.zeros(n, dtype=torch.uint8)  # [n bytes]
+        payload = torch.zeros(n, dtype=torch.uint8, device=device)  # [n bytes]
         start = time.perf_counter()
         if sender:
             dist.send(payload, peer)
@@ -99,6 +106,8 @@ def measure_link(
         else:
             dist.recv(payload, peer)
             dist.send(reply, peer)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # NCCL calls return once queued
         return time.perf_counter() - start
 
     round_trip(sizes[0])

@@ -61,12 +61,16 @@ class PagedKVPool:
         src, dst = (self._index(blocks) for blocks in zip(*copies))
         self.kv[:, :, dst] = self.kv[:, :, src]
 
-    def read_blocks(self, blocks: list[int]) -> torch.Tensor:
-        """These blocks' KV in every layer, as one host tensor (for swapping out).
+    def gather_blocks(self, blocks: list[int]) -> torch.Tensor:
+        """A copy of these blocks' KV in every layer, on the pool's device (for sending).
 
-        Shape [num_layers, 2, len(blocks), block_size, Hkv, D], on the CPU.
+        Shape [num_layers, 2, len(blocks), block_size, Hkv, D].
         """
-        return self.kv[:, :, self._index(blocks)].to("cpu")
+        return self.kv[:, :, self._index(blocks)]
+
+    def read_blocks(self, blocks: list[int]) -> torch.Tensor:
+        """`gather_blocks` as a host tensor (for swapping out)."""
+        return self.gather_blocks(blocks).to("cpu")
 
     def write_blocks(self, blocks: list[int], data: torch.Tensor) -> None:
         """The inverse of `read_blocks`: put `data` into these blocks (for swapping in)."""
