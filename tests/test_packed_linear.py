@@ -23,6 +23,8 @@ TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}  # (rtol
 @pytest.mark.parametrize("rows", [1, 3, 8, 61, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_matches_f_linear(dtype, rows, bias):
+    if not can_prepack(torch.device("cpu"), dtype):
+        pytest.skip(f"this CPU has no oneDNN {dtype} path (needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
     torch.manual_seed(rows)
     linear = nn.Linear(96, 200, bias=bias).to(dtype)
     x = torch.randn(rows, 96, dtype=dtype)
@@ -65,3 +67,25 @@ def test_loader_packs_on_cpu_and_output_is_unchanged(tiny_model):
         for a, b in zip(got.outputs[0].logprobs, expected.outputs[0].logprobs):
             assert a.keys() == b.keys()
             assert all(abs(a[t] - b[t]) < 1e-4 for t in a)
+
+
+def test_can_prepack_agrees_with_onednn_on_this_cpu():
+    """bf16 is packable exactly where oneDNN's reorder accepts it; elsewhere it would raise."""
+    weight = torch.randn(24, 16, dtype=torch.bfloat16)
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        reorder_works = True
+    except RuntimeError:
+        reorder_works = False
+    assert can_prepack(torch.device("cpu"), torch.bfloat16) == reorder_works
+    assert can_prepack(torch.device("cpu"), torch.float32)
+    assert not can_prepack(torch.device("cpu"), torch.float16)
+    assert not can_prepack(torch.device("meta"), torch.float32)
+
+
+def test_loader_in_bf16_packs_only_where_the_cpu_can(tiny_model):
+    loaded = load_model(tiny_model("llama"), dtype="bfloat16")
+    packed = isinstance(loaded.model.lm_head, PackedLinear)
+    assert packed == can_prepack(torch.device("cpu"), torch.bfloat16)
+    out = LLM(loaded).generate([[1, 5, 9]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
