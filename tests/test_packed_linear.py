@@ -24,7 +24,9 @@ TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}  # (rtol
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_matches_f_linear(dtype, rows, bias):
     if not can_prepack(torch.device("cpu"), dtype):
-        pytest.skip(f"this CPU has no oneDNN {dtype} path (needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
+        pytest.skip(
+            f"this CPU has no oneDNN {dtype} path (needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)"
+        )
     torch.manual_seed(rows)
     linear = nn.Linear(96, 200, bias=bias).to(dtype)
     x = torch.randn(rows, 96, dtype=dtype)
@@ -87,5 +89,7 @@ def test_loader_in_bf16_packs_only_where_the_cpu_can(tiny_model):
     loaded = load_model(tiny_model("llama"), dtype="bfloat16")
     packed = isinstance(loaded.model.lm_head, PackedLinear)
     assert packed == can_prepack(torch.device("cpu"), torch.bfloat16)
-    out = LLM(loaded).generate([[1, 5, 9]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
+    out = LLM(loaded).generate(
+        [[1, 5, 9]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False
+    )
     assert len(out[0].outputs[0].token_ids) == 4
