@@ -23,6 +23,16 @@ class AttentionGroup:
     rows: torch.Tensor | slice  # their query tokens' rows in the flat batch
     block_index: torch.Tensor  # [B * num_blocks] int32: the blocks of their longest context
     positions: torch.Tensor  # [B, n] int64: each query token's position in its sequence
+    visible: torch.Tensor  # [B, n, S] bool: key j is visible to a query at p when j <= p
+
+
+def make_group(
+    rows: torch.Tensor | slice, block_index: torch.Tensor, positions: torch.Tensor, block_size: int
+) -> AttentionGroup:
+    """A group and its causal mask, built once per step and shared by every layer."""
+    num_keys = block_index.numel() // positions.shape[0] * block_size  # S, padding included
+    key_pos = torch.arange(num_keys, device=positions.device)
+    return AttentionGroup(rows, block_index, positions, key_pos <= positions[:, :, None])
 
 
 def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGroup]:
@@ -44,26 +54,35 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGro
     decodes = [i for i in seqs if starts[i + 1] - starts[i] == 1]
     groups = []
     for bucket in length_buckets(decodes, [blocks_for(c) for c in contexts]):
+        longest = blocks_for(contexts[bucket[0]])
+        bucket = sorted(bucket)  # batch order: consecutive rows read as a slice, no copy
         groups.append(
-            AttentionGroup(
-                rows=torch.tensor([starts[i] for i in bucket], device=device),
-                block_index=block_index(
-                    tables[torch.tensor(bucket, device=device)], blocks_for(contexts[bucket[0]])
-                ),
+            make_group(
+                rows=rows_of([starts[i] for i in bucket], device),
+                block_index=block_index(tables[torch.tensor(bucket, device=device)], longest),
                 positions=torch.tensor([[contexts[i] - 1] for i in bucket], device=device),
+                block_size=block_size,
             )
         )
     for i in seqs:
         start, end, context = starts[i], starts[i + 1], contexts[i]
         if end - start > 1:
             groups.append(
-                AttentionGroup(
+                make_group(
                     rows=slice(start, end),
                     block_index=block_index(tables[i : i + 1], blocks_for(context)),
                     positions=torch.arange(context - (end - start), context, device=device)[None],
+                    block_size=block_size,
                 )
             )
     return groups
+
+
+def rows_of(rows: list[int], device: torch.device) -> torch.Tensor | slice:
+    """The flat-batch rows of a group: a slice when they are consecutive, else an index."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return torch.tensor(rows, device=device)
 
 
 def length_buckets(

@@ -68,15 +68,24 @@ def attend_groups(
 ) -> torch.Tensor:
     """Run each planned group and scatter its output back to its rows: [T, Hq, D]."""
     num_heads, head_dim = q.shape[1:]
-    out = torch.empty_like(q)  # [T, Hq, D]
+    outputs = []
     for g in groups:
         batch, n = g.positions.shape
         group_q = q[g.rows].view(batch, n, num_heads, head_dim)  # [B, n, Hq, D]
         k = gather_context(k_cache, g)  # [B, S, Hkv, D]
         v = gather_context(v_cache, g)
-        group_out = causal_attention(group_q, k, v, g.positions, scale)  # [B, n, Hq, D]
-        out[g.rows] = group_out.reshape(batch * n, num_heads, head_dim)
+        group_out = causal_attention(group_q, k, v, g.visible, scale)  # [B, n, Hq, D]
+        outputs.append(group_out.reshape(batch * n, num_heads, head_dim))
+    if len(groups) == 1 and is_every_row(groups[0].rows, q.shape[0]):
+        return outputs[0]  # one group holding every row in order: nothing to scatter
+    out = torch.empty_like(q)  # [T, Hq, D]
+    for g, group_out in zip(groups, outputs):
+        out[g.rows] = group_out
     return out
+
+
+def is_every_row(rows: torch.Tensor | slice, num_rows: int) -> bool:
+    return isinstance(rows, slice) and rows == slice(0, num_rows)
 
 
 def gather_context(cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
@@ -98,17 +107,16 @@ def causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    positions: torch.Tensor,
+    visible: torch.Tensor,
     scale: float | None,
 ) -> torch.Tensor:
-    """GQA attention of q [B, n, Hq, D] over k, v [B, S, Hkv, D]: query at p sees keys 0..p.
+    """GQA attention of q [B, n, Hq, D] over k, v [B, S, Hkv, D], where `visible` [B, n, S]
+    says which keys each query sees (query at p: keys 0..p).
 
     One mask covers both causality within a chunk and the padding of shorter sequences.
     """
     if q.shape[1] == 1:
-        return decode_attention(q, k, v, positions, scale)
-    key_pos = torch.arange(k.shape[1], device=k.device)
-    visible = key_pos[None, None, :] <= positions[:, :, None]  # [B, n, S]
+        return decode_attention(q, k, v, visible, scale)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),  # [B, Hq, n, D]
         k.transpose(1, 2),  # [B, Hkv, S, D]
@@ -124,10 +132,11 @@ def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    positions: torch.Tensor,
+    visible: torch.Tensor,
     scale: float | None,
 ) -> torch.Tensor:
-    """One query token per sequence, q [B, 1, Hq, D] over k, v [B, S, Hkv, D]: [B, 1, Hq, D].
+    """One query token per sequence, q [B, 1, Hq, D] over k, v [B, S, Hkv, D] with `visible`
+    [B, 1, S]: [B, 1, Hq, D].
 
     The query heads that share a KV head become that head's query *rows*: [B, Hkv, g, D].
     Each K/V row is then read once for its whole group, where torch's GQA path reads it
@@ -137,12 +146,11 @@ def decode_attention(
     batch, _, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     folded = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, g, D]
-    visible = torch.arange(k.shape[1], device=k.device)[None, :] <= positions  # [B, S]
     out = F.scaled_dot_product_attention(
         folded,
         k.transpose(1, 2),  # [B, Hkv, S, D]
         v.transpose(1, 2),
-        attn_mask=visible[:, None, None, :],  # [B, 1, 1, S]
+        attn_mask=visible[:, None],  # [B, 1, 1, S]
         scale=scale,
     )
     return out.view(batch, 1, num_heads, head_dim)

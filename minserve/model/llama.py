@@ -39,6 +39,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # torch's fused kernel: the same sums, fewer passes
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -118,17 +120,29 @@ class SelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, rotation: Rotation, attention: AttentionFn, layer: int
     ) -> torch.Tensor:
+        q, k, v = self.rotated_qkv(x, rotation)
+        out = attention(layer, q, k, v)  # [T, Hq, D]
+        return self.o_proj(out.reshape(x.shape[0], self.config.q_size))
+
+    def rotated_qkv(
+        self, x: torch.Tensor, rotation: Rotation
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> q [T, Hq, D], k and v [T, Hkv, D]; q, k rotated (Qwen3: normed 1st)."""
         cfg = self.config
         num_tokens = x.shape[0]
+        if self.qkv_proj is not None and not cfg.qk_norm:
+            # q's heads and k's sit side by side in the fused output: rotate them in one pass
+            qk, v = self.qkv_proj(x).split((cfg.q_size + cfg.kv_size, cfg.kv_size), dim=-1)
+            qk = rotation.apply(qk.view(num_tokens, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim))
+            q, k = qk.split((cfg.num_heads, cfg.num_kv_heads), dim=1)  # [T, Hq, D], [T, Hkv, D]
+            return q, k, v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         q, k, v = self.project(x)
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotation.apply(q), rotation.apply(k)
-        out = attention(layer, q, k, v)  # [T, Hq, D]
-        return self.o_proj(out.reshape(num_tokens, cfg.q_size))
+        return rotation.apply(q), rotation.apply(k), v
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> q [T, q_size], k and v [T, kv_size]: three linears, or one fused."""
