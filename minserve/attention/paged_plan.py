@@ -23,20 +23,32 @@ class AttentionGroup:
     rows: torch.Tensor | slice  # their query tokens' rows in the flat batch
     block_index: torch.Tensor  # [B * num_blocks] int32: the blocks of their longest context
     positions: torch.Tensor  # [B, n] int64: each query token's position in its sequence
-    visible: torch.Tensor  # [B, n, S] bool: key j is visible to a query at p when j <= p
+    mask: torch.Tensor  # [B, n, S] added to the scores: 0 where key j <= query position, -inf after
 
 
 def make_group(
-    rows: torch.Tensor | slice, block_index: torch.Tensor, positions: torch.Tensor, block_size: int
+    rows: torch.Tensor | slice,
+    block_index: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    dtype: torch.dtype,
 ) -> AttentionGroup:
-    """A group and its causal mask, built once per step and shared by every layer."""
+    """A group and its causal mask, built once per step and shared by every layer.
+
+    The mask is additive, in the scores' dtype: given a boolean one, torch's attention
+    would convert it on every call, in every layer."""
     num_keys = block_index.numel() // positions.shape[0] * block_size  # S, padding included
     key_pos = torch.arange(num_keys, device=positions.device)
-    return AttentionGroup(rows, block_index, positions, key_pos <= positions[:, :, None])
+    hidden = key_pos > positions[:, :, None]  # [B, n, S]
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=positions.device)
+    return AttentionGroup(rows, block_index, positions, mask.masked_fill_(hidden, float("-inf")))
 
 
-def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGroup]:
-    """Split a step into attention groups. Reads the metadata to the host once per step."""
+def plan_step(
+    metadata: AttentionMetadata, block_size: int, dtype: torch.dtype = torch.float32
+) -> list[AttentionGroup]:
+    """Split a step into attention groups (masks in `dtype`, the cache's). Reads the
+    metadata to the host once per step."""
     if metadata.block_tables.shape[1] * block_size < metadata.max_context_len:
         raise ValueError(
             f"block tables have {metadata.block_tables.shape[1]} blocks of {block_size} "
@@ -62,6 +74,7 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGro
                 block_index=block_index(tables[torch.tensor(bucket, device=device)], longest),
                 positions=torch.tensor([[contexts[i] - 1] for i in bucket], device=device),
                 block_size=block_size,
+                dtype=dtype,
             )
         )
     for i in seqs:
@@ -73,6 +86,7 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> list[AttentionGro
                     block_index=block_index(tables[i : i + 1], blocks_for(context)),
                     positions=torch.arange(context - (end - start), context, device=device)[None],
                     block_size=block_size,
+                    dtype=dtype,
                 )
             )
     return groups

@@ -56,7 +56,9 @@ def paged_attention_reference(
 
     `scale` defaults to 1 / sqrt(head_dim). The step's own k/v must already be stored.
     """
-    return attend_groups(q, k_cache, v_cache, plan_step(metadata, k_cache.shape[1]), scale)
+    return attend_groups(
+        q, k_cache, v_cache, plan_step(metadata, k_cache.shape[1], k_cache.dtype), scale
+    )
 
 
 def attend_groups(
@@ -74,7 +76,7 @@ def attend_groups(
         group_q = q[g.rows].view(batch, n, num_heads, head_dim)  # [B, n, Hq, D]
         k = gather_context(k_cache, g)  # [B, S, Hkv, D]
         v = gather_context(v_cache, g)
-        group_out = causal_attention(group_q, k, v, g.visible, scale)  # [B, n, Hq, D]
+        group_out = causal_attention(group_q, k, v, g.mask, scale)  # [B, n, Hq, D]
         outputs.append(group_out.reshape(batch * n, num_heads, head_dim))
     if len(groups) == 1 and is_every_row(groups[0].rows, q.shape[0]):
         return outputs[0]  # one group holding every row in order: nothing to scatter
@@ -107,21 +109,21 @@ def causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    visible: torch.Tensor,
+    mask: torch.Tensor,
     scale: float | None,
 ) -> torch.Tensor:
-    """GQA attention of q [B, n, Hq, D] over k, v [B, S, Hkv, D], where `visible` [B, n, S]
-    says which keys each query sees (query at p: keys 0..p).
+    """GQA attention of q [B, n, Hq, D] over k, v [B, S, Hkv, D]; `mask` [B, n, S] is added
+    to the scores: 0 for the keys each query sees (query at p: keys 0..p), -inf for the rest.
 
     One mask covers both causality within a chunk and the padding of shorter sequences.
     """
     if q.shape[1] == 1:
-        return decode_attention(q, k, v, visible, scale)
+        return decode_attention(q, k, v, mask, scale)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),  # [B, Hq, n, D]
         k.transpose(1, 2),  # [B, Hkv, S, D]
         v.transpose(1, 2),
-        attn_mask=visible[:, None],  # [B, 1, n, S], the same for every head
+        attn_mask=mask[:, None],  # [B, 1, n, S], the same for every head
         scale=scale,
         enable_gqa=True,
     )
@@ -132,10 +134,10 @@ def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    visible: torch.Tensor,
+    mask: torch.Tensor,
     scale: float | None,
 ) -> torch.Tensor:
-    """One query token per sequence, q [B, 1, Hq, D] over k, v [B, S, Hkv, D] with `visible`
+    """One query token per sequence, q [B, 1, Hq, D] over k, v [B, S, Hkv, D] with `mask`
     [B, 1, S]: [B, 1, Hq, D].
 
     The query heads that share a KV head become that head's query *rows*: [B, Hkv, g, D].
@@ -150,7 +152,7 @@ def decode_attention(
         folded,
         k.transpose(1, 2),  # [B, Hkv, S, D]
         v.transpose(1, 2),
-        attn_mask=visible[:, None],  # [B, 1, 1, S]
+        attn_mask=mask[:, None],  # [B, 1, 1, S]
         scale=scale,
     )
     return out.view(batch, 1, num_heads, head_dim)
@@ -168,7 +170,8 @@ class TorchPagedAttention:
         self.kv = kv
         self.metadata = metadata
         self.scale = scale
-        self.groups = plan_step(metadata, block_size=kv.k_cache(0).shape[1])
+        cache = kv.k_cache(0)
+        self.groups = plan_step(metadata, cache.shape[1], cache.dtype)
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
