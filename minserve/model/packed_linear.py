@@ -42,11 +42,14 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.register_buffer("packed", packed, persistent=False)
+        # detached once here, not on every call (the same storage as `bias`)
+        self._bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # [N, in], the engine's flat batch: no reshapes
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self._bias, "none", [], "")
         rows = x.reshape(-1, self.in_features)  # [N, in]
-        bias = None if self.bias is None else self.bias.detach()
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self._bias, "none", [], "")
         return out.view(*x.shape[:-1], self.out_features)  # [..., out]
 
     def extra_repr(self) -> str:
