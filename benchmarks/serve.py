@@ -1,10 +1,11 @@
-"""Serving: minserve against vLLM's CPU build, same model, same Poisson load, one after another.
+"""Serving: minserve against vLLM's CPU build, same model, same Poisson load, taking turns.
 
     .venv/bin/python benchmarks/serve.py [--rates 0.25,0.5,1] [--num-prompts 16]
 
-Each server runs in its own process (`minserve serve`, then vLLM's OpenAI server from
-.venv-vllm) on the same Hugging Face folder of SmolLM2-135M-Instruct in float32, alone on
-the machine. For each rate, `minserve bench serve`'s load generator sends the same seeded
+Each server runs in its own process (`minserve serve` and vLLM's OpenAI server from
+.venv-vllm) on the same Hugging Face folder of SmolLM2-135M-Instruct in float32; both are
+up at once and take turns (A B B A per rate), so that a machine drifting slower or faster
+favours neither. For each rate, `minserve bench serve`'s load generator sends the same seeded
 workload (random token-id prompts of 128 tokens, 64 output tokens, ignore_eos, greedy,
 Poisson arrivals) and measures TTFT, TPOT, ITL, E2E and goodput at TTFT <= 1 s and
 TPOT <= 100 ms (the issue's SLOs) and at a CPU-sized SLO. Writes serve.json and serve.md.
@@ -19,6 +20,7 @@ import os
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -90,37 +92,80 @@ def stop(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def bench_peer(peer: str, folder: Path, rates: list[float], args: argparse.Namespace) -> list:
+def start_peer(peer: str, folder: Path, args: argparse.Namespace) -> tuple:
+    """Start one server and warm it up; (process, endpoint)."""
     port = free_port()
     command, env = server_command(peer, folder, port, args.input_len + args.output_len + 16)
     logs = HERE.parent / ".cache"
     logs.mkdir(exist_ok=True)
     process = start(command, env, port, logs / f"serve-{peer}.log")
     endpoint = Endpoint(f"http://127.0.0.1:{port}", NAME)
+    warm = WorkloadSpec("random", 2, args.input_len, 8, seed=99)
+    asyncio.run(run_load(endpoint, build_workload(warm), LoadSpec(), progress=False))
+    return process, endpoint
+
+
+def run_once(peer: str, endpoint: Endpoint, rate: float, repeat: int, args) -> dict:
+    """One seeded Poisson run of the workload against one server."""
     spec = WorkloadSpec("random", args.num_prompts, args.input_len, args.output_len, seed=0)
+    load = LoadSpec(request_rate=rate, seed=0)
+    result = asyncio.run(run_load(endpoint, build_workload(spec), load, progress=False))
+    report = make_report(result, endpoint, spec, load, parse_goodput(SLOS["issue"]), [50, 90, 99])
+    report["label"], report["repeat"] = peer, repeat
+    cpu_slos = parse_goodput(SLOS["cpu"])
+    report["cpu_slo_goodput"] = summarize(result.records, result.duration_s, cpu_slos)[
+        "request_goodput"
+    ]
+    report["load_average"] = round(os.getloadavg()[0], 2)
+    del report["records"]
+    print(markdown([report]).splitlines()[-1], flush=True)
+    return report
+
+
+def bench_interleaved(peers: list[str], rates: list[float], args) -> list:
+    """Both servers up at once (the idle one waits on its socket); for each rate, the runs
+    alternate A B B A ..., so a machine that drifts slower or faster favours neither."""
+    folder = hf_model_folder()
+    servers: dict[str, tuple] = {}
     reports = []
     try:
-        warm = WorkloadSpec("random", 2, args.input_len, 8, seed=99)
-        asyncio.run(run_load(endpoint, build_workload(warm), LoadSpec(), progress=False))
+        for peer in peers:
+            servers[peer] = start_peer(peer, folder, args)
         for rate in rates:
-            load = LoadSpec(request_rate=rate, seed=0)
-            result = asyncio.run(run_load(endpoint, build_workload(spec), load, progress=False))
-            slos = parse_goodput(SLOS["issue"])
-            report = make_report(result, endpoint, spec, load, slos, [50, 90, 99])
-            report["label"] = peer
-            report["cpu_slo_goodput"] = summarize(
-                result.records, result.duration_s, parse_goodput(SLOS["cpu"])
-            )["request_goodput"]
-            report["load_average"] = round(os.getloadavg()[0], 2)
-            del report["records"]
-            reports.append(report)
-            print(markdown([report]).splitlines()[-1], flush=True)
+            for repeat in range(args.repeats):
+                order = peers if repeat % 2 == 0 else peers[::-1]
+                for peer in order:
+                    reports.append(run_once(peer, servers[peer][1], rate, repeat, args))
     finally:
-        stop(process)
+        for process, _ in servers.values():
+            stop(process)
     return reports
 
 
-def write(reports: list, command: str) -> None:
+def summary_rows(reports: list, peers: list[str]) -> list[str]:
+    """Per rate: each peer's median goodput and TPOT p50 over the repeats, and the ratio."""
+    first, *others = peers
+    head = f"| rate | {first} goodput | " + " | ".join(f"{p} goodput | ratio" for p in others)
+    lines = [head + f" | {first} TPOT p50 | " + " | ".join(f"{p} TPOT p50" for p in others) + " |"]
+    lines.append("|" + "---|" * (2 + 2 * len(others) + len(others)))
+
+    def median_of(peer: str, rate: float, key: str) -> float:
+        values = [r["summary"][key] if key == "request_goodput" else r["summary"][key]["p50"]
+                  for r in reports
+                  if r["label"] == peer and r["settings"]["request_rate"] == rate]  # fmt: skip
+        return statistics.median(values)
+
+    for rate in sorted({r["settings"]["request_rate"] for r in reports}):
+        good = {p: median_of(p, rate, "request_goodput") for p in peers}
+        tpot = {p: median_of(p, rate, "tpot_ms") for p in peers}
+        cells = [f"{good[p]:.4f} | {good[first] / good[p]:.3f}x" for p in others]
+        lines.append(f"| {rate} | {good[first]:.4f} | " + " | ".join(cells) + f" | "
+                     f"{tpot[first]:.1f} | " + " | ".join(f"{tpot[p]:.1f}" for p in others)
+                     + " |")  # fmt: skip
+    return lines
+
+
+def write(reports: list, command: str, peers: list[str], repeats: int) -> None:
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     record = {"command": command, "date": stamp, "slos": SLOS, "runs": reports}
     (HERE / "serve.json").write_text(json.dumps(record, indent=2))
@@ -131,17 +176,23 @@ def write(reports: list, command: str) -> None:
         f"- date: {stamp}; machine: {os.cpu_count()} cores, shared (load average per row)",
         "- model: SmolLM2-135M-Instruct as a Hugging Face folder, float32, both servers",
         "- workload: random token-id prompts of 128 tokens, 64 output tokens, ignore_eos, "
-        "temperature 0, Poisson arrivals (seed 0); each server alone, one after the other",
+        "temperature 0, Poisson arrivals (seed 0, the same arrival times every run)",
+        f"- protocol: both servers up at once, the idle one waiting; {repeats} runs per "
+        "server and rate, alternating A B B A so that drift favours neither; medians below",
         f"- goodput: requests/s meeting TTFT <= 1000 ms and TPOT <= 100 ms (issue); "
         f"'cpu goodput' at {' '.join(SLOS['cpu'])}",
         "",
+        *summary_rows(reports, peers),
+        "",
+        "Every run:",
+        "",
         markdown(reports),
         "",
-        "| run | rate | cpu goodput (req/s) | load average |",
-        "|---|---|---|---|",
+        "| run | rate | repeat | cpu goodput (req/s) | load average |",
+        "|---|---|---|---|---|",
         *[
-            f"| {r['label']} | {r['settings']['request_rate']} | {r['cpu_slo_goodput']:.2f} | "
-            f"{r['load_average']} |"
+            f"| {r['label']} | {r['settings']['request_rate']} | {r['repeat']} | "
+            f"{r['cpu_slo_goodput']:.2f} | {r['load_average']} |"
             for r in reports
         ],
         "",
@@ -157,14 +208,14 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--peers", default="minserve,vllm")
+    p.add_argument("--repeats", type=int, default=2, help="runs per server and rate")
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    folder = hf_model_folder()
-    reports = []
-    for peer in args.peers.split(","):
-        reports += bench_peer(peer, folder, rates, args)
-        write(reports, shlex.join([".venv/bin/python", "benchmarks/serve.py", *sys.argv[1:]]))
-    print(markdown(reports))
+    peers = args.peers.split(",")
+    reports = bench_interleaved(peers, rates, args)
+    command = shlex.join([".venv/bin/python", "benchmarks/serve.py", *sys.argv[1:]])
+    write(reports, command, peers, args.repeats)
+    print("\n".join(summary_rows(reports, peers)))
 
 
 if __name__ == "__main__":

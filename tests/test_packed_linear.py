@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from minserve.llm import LLM
 from minserve.model.loader import load_model
-from minserve.model.packed_linear import PackedLinear, can_prepack, prepack_linears
+from minserve.model.packed_linear import PackedLinear, can_prepack, padded_rows, prepack_linears
 from minserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -93,3 +93,25 @@ def test_loader_in_bf16_packs_only_where_the_cpu_can(tiny_model):
         [[1, 5, 9]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False
     )
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_row_counts_are_padded_to_few_shapes_by_at_most_a_sixteenth():
+    sizes = [padded_rows(n) for n in range(1, 8193)]
+    assert sizes[:32] == list(range(1, 33))  # decode batches: exact
+    assert all(n <= p < n * (1 + 1 / 16) for n, p in zip(range(1, 8193), sizes))
+    assert len(set(sizes)) <= 32 + 16 * 8  # 16 per doubling from 32 to 8192
+    assert padded_rows(129) == 136 and padded_rows(1000) == 1024
+
+
+def test_padded_rows_do_not_change_the_real_rows():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    packed = PackedLinear(linear)
+    x = torch.randn(129, 64)  # padded to 136 inside
+    with torch.inference_mode():
+        out = packed(x)
+        torch.testing.assert_close(
+            out, F.linear(x, linear.weight, linear.bias), rtol=2e-5, atol=1e-5
+        )
+        torch.testing.assert_close(out[:100], packed(x[:100]), rtol=2e-5, atol=1e-5)
+    assert out.shape == (129, 48) and out.is_contiguous()

@@ -7,6 +7,12 @@ reorder once, at load time; each call then streams the packed weight (vLLM's CPU
 does the same with its `onednn_mm`). The sums are the same, taken in another order: the
 outputs differ from `F.linear` by rounding (about 1e-6 relative in fp32).
 
+oneDNN builds (JIT-compiles) a kernel for every new number of rows, about 1 ms per layer
+shape: a step whose token count the process has not seen yet would pay ~0.1 s for
+SmolLM2's 121 linears. Row counts above 32 are therefore padded up to one of 16 sizes per
+doubling (at most 1/16 more rows), so a server meets few distinct shapes and keeps each
+kernel in oneDNN's cache.
+
 `benchmarks/packed_linear.md` has the speed-ups measured on this machine.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -46,15 +53,24 @@ class PackedLinear(nn.Module):
         self._bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:  # [N, in], the engine's flat batch: no reshapes
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self._bias, "none", [], "")
         rows = x.reshape(-1, self.in_features)  # [N, in]
+        num_rows = rows.shape[0]
+        padded = padded_rows(num_rows)
+        if padded != num_rows:
+            rows = F.pad(rows, (0, 0, 0, padded - num_rows))  # [padded, in], zero rows last
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self._bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.out_features)  # [..., out]
+        return out[:num_rows].view(*x.shape[:-1], self.out_features)  # [..., out]
 
     def extra_repr(self) -> str:
         shape = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{shape}, bias={self.bias is not None}, oneDNN"
+
+
+def padded_rows(num_rows: int) -> int:
+    """The row count oneDNN sees: exact up to 32, then rounded up to a multiple of 1/16
+    of the power of two below it (129 -> 136, 1000 -> 1024): 16 sizes per doubling."""
+    unit = max(1, 2 ** (num_rows.bit_length() - 5))
+    return -(-num_rows // unit) * unit
 
 
 def prepack_linears(model: nn.Module) -> int:
