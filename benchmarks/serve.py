@@ -117,7 +117,8 @@ def run_once(peer: str, endpoint: Endpoint, rate: float, repeat: int, args) -> d
         "request_goodput"
     ]
     report["load_average"] = round(os.getloadavg()[0], 2)
-    del report["records"]
+    report["ttft_ms_by_request"] = [round(r.ttft * 1e3) for r in result.records]
+    del report["records"]  # the rest of each record is in the summary
     print(markdown([report]).splitlines()[-1], flush=True)
     return report
 
