@@ -125,7 +125,11 @@ def run_once(peer: str, endpoint: Endpoint, rate: float, repeat: int, args) -> d
 
 def bench_interleaved(peers: list[str], rates: list[float], args) -> list:
     """Both servers up at once (the idle one waits on its socket); for each rate, the runs
-    alternate A B B A ..., so a machine that drifts slower or faster favours neither."""
+    alternate A B B A ..., so a machine that drifts slower or faster favours neither.
+
+    A pause separates runs: without it, minserve's first request after a vLLM run lost
+    ~0.9 s of TTFT (one request per run past the 1 s SLO), most likely to vLLM's threads
+    still spinning after its last request; a CPU burner in between did not do that."""
     folder = hf_model_folder()
     servers: dict[str, tuple] = {}
     reports = []
@@ -136,6 +140,7 @@ def bench_interleaved(peers: list[str], rates: list[float], args) -> list:
             for repeat in range(args.repeats):
                 order = peers if repeat % 2 == 0 else peers[::-1]
                 for peer in order:
+                    time.sleep(args.pause)  # the previous run's server spins down first
                     reports.append(run_once(peer, servers[peer][1], rate, repeat, args))
     finally:
         for process, _ in servers.values():
@@ -179,7 +184,8 @@ def write(reports: list, command: str, peers: list[str], repeats: int) -> None:
         "- workload: random token-id prompts of 128 tokens, 64 output tokens, ignore_eos, "
         "temperature 0, Poisson arrivals (seed 0, the same arrival times every run)",
         f"- protocol: both servers up at once, the idle one waiting; {repeats} runs per "
-        "server and rate, alternating A B B A so that drift favours neither; medians below",
+        "server and rate, alternating A B B A so that drift favours neither, 5 s apart "
+        "(`--pause`); medians below",
         f"- goodput: requests/s meeting TTFT <= 1000 ms and TPOT <= 100 ms (issue); "
         f"'cpu goodput' at {' '.join(SLOS['cpu'])}",
         "",
@@ -210,6 +216,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--peers", default="minserve,vllm")
     p.add_argument("--repeats", type=int, default=2, help="runs per server and rate")
+    p.add_argument("--pause", type=float, default=5.0, help="seconds between runs")
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     peers = args.peers.split(",")
