@@ -153,7 +153,7 @@ def summary_rows(reports: list, peers: list[str]) -> list[str]:
     first, *others = peers
     head = f"| rate | {first} goodput | " + " | ".join(f"{p} goodput | ratio" for p in others)
     lines = [head + f" | {first} TPOT p50 | " + " | ".join(f"{p} TPOT p50" for p in others) + " |"]
-    lines.append("|" + "---|" * (2 + 2 * len(others) + len(others)))
+    lines.append("|" + "---|" * (3 + 3 * len(others)))  # rate, goodputs and ratios, TPOTs
 
     def median_of(peer: str, rate: float, key: str) -> float:
         values = [r["summary"][key] if key == "request_goodput" else r["summary"][key]["p50"]
