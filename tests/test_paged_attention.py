@@ -22,6 +22,7 @@ from minserve.attention.contiguous import (
     attend,
 )
 from minserve.attention.metadata import AttentionMetadata
+from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_plan import length_buckets
 from minserve.attention.paged_torch import (
     TorchPagedAttention,
@@ -81,8 +82,10 @@ class Step:
     full_k: list[torch.Tensor]  # per sequence [cached + new, Hkv, D]
     full_v: list[torch.Tensor]
 
-    def run(self, layer: int = 1, scale: float | None = None) -> torch.Tensor:
-        attention = TorchPagedAttention(self.pool, self.metadata, scale)
+    def run(
+        self, layer: int = 1, scale: float | None = None, backend: type = TorchPagedAttention
+    ) -> torch.Tensor:
+        attention = backend(self.pool, self.metadata, scale)
         return attention(layer, self.q, self.k, self.v)
 
     def expected(self, q_scale: float = 1.0) -> torch.Tensor:
@@ -139,6 +142,12 @@ def edge_lengths(block_size: int) -> list[int]:
     """1, block_size - 1, block_size, block_size + 1 and several blocks, without repeats."""
     lengths = [1, block_size - 1, block_size, block_size + 1, 3 * block_size + 2]
     return sorted({n for n in lengths if n >= 1})
+
+
+@pytest.fixture(params=["torch", "cpu"])
+def backend(request: pytest.FixtureRequest) -> type:
+    """Each CPU backend: plain torch, and the C kernels (`minserve/kernels`)."""
+    return get_attention_backend(request.param)
 
 
 # --- AttentionMetadata ---------------------------------------------------------------------
@@ -203,9 +212,9 @@ def test_store_writes_exactly_the_mapped_slots_of_its_layer() -> None:
     assert torch.equal(pool.v.view(2, 24, 2, 8)[untouched], before_v.view(2, 24, 2, 8)[untouched])
 
 
-def test_backend_stores_the_step_before_attending() -> None:
+def test_backend_stores_the_step_before_attending(backend: type) -> None:
     step = make_step([Seq(cached=5, new=1), Seq(cached=0, new=3)], block_size=2)
-    step.run(layer=1)
+    step.run(layer=1, backend=backend)
     table0 = step.metadata.block_tables[0].tolist()
     b, o = divmod(slot(table0, 5, 2), 2)
     assert torch.equal(step.pool.k[1, b, o], step.full_k[0][5])
@@ -218,28 +227,30 @@ def test_backend_stores_the_step_before_attending() -> None:
 
 @pytest.mark.parametrize("block_size", [1, 2, 16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (6, 2), (8, 2)])
-def test_decodes_match_oracle(block_size: int, num_heads: int, num_kv_heads: int) -> None:
+def test_decodes_match_oracle(
+    block_size: int, num_heads: int, num_kv_heads: int, backend: type
+) -> None:
     seqs = [Seq(cached=n - 1, new=1) for n in edge_lengths(block_size)]
     step = make_step(seqs, block_size, num_heads, num_kv_heads)
-    torch.testing.assert_close(step.run(), step.expected(), **FP32_TOL)
+    torch.testing.assert_close(step.run(backend=backend), step.expected(), **FP32_TOL)
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (6, 2), (8, 2)])
 def test_prefill_from_empty_cache_matches_oracle(
-    block_size: int, num_heads: int, num_kv_heads: int
+    block_size: int, num_heads: int, num_kv_heads: int, backend: type
 ) -> None:
     for n in edge_lengths(block_size):
         step = make_step([Seq(cached=0, new=n)], block_size, num_heads, num_kv_heads, seed=n)
-        torch.testing.assert_close(step.run(), step.expected(), **FP32_TOL)
+        torch.testing.assert_close(step.run(backend=backend), step.expected(), **FP32_TOL)
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 16])
-def test_extend_over_cached_prefix_matches_oracle(block_size: int) -> None:
+def test_extend_over_cached_prefix_matches_oracle(block_size: int, backend: type) -> None:
     for cached in edge_lengths(block_size):
         for new in (2, block_size + 1):
             step = make_step([Seq(cached, new)], block_size, num_heads=6, num_kv_heads=2)
-            torch.testing.assert_close(step.run(), step.expected(), **FP32_TOL)
+            torch.testing.assert_close(step.run(backend=backend), step.expected(), **FP32_TOL)
 
 
 MIXED = {
@@ -252,39 +263,43 @@ MIXED = {
 
 @pytest.mark.parametrize("order", MIXED)
 @pytest.mark.parametrize("block_size", [1, 2, 16])
-def test_mixed_batch_matches_oracle_in_any_order(order: str, block_size: int) -> None:
+def test_mixed_batch_matches_oracle_in_any_order(
+    order: str, block_size: int, backend: type
+) -> None:
     step = make_step(MIXED[order], block_size, num_heads=6, num_kv_heads=2)
-    torch.testing.assert_close(step.run(), step.expected(), **FP32_TOL)
+    torch.testing.assert_close(step.run(backend=backend), step.expected(), **FP32_TOL)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(3, 3), (9, 3), (8, 2)])
-def test_real_head_dims_match_oracle(head_dim: int, num_heads: int, num_kv_heads: int) -> None:
+def test_real_head_dims_match_oracle(
+    head_dim: int, num_heads: int, num_kv_heads: int, backend: type
+) -> None:
     step = make_step(MIXED["interleaved"], 16, num_heads, num_kv_heads, head_dim)
-    torch.testing.assert_close(step.run(), step.expected(), **FP32_TOL)
+    torch.testing.assert_close(step.run(backend=backend), step.expected(), **FP32_TOL)
 
 
 @pytest.mark.parametrize("block_size", [2, 16])
-def test_bf16_stays_close_to_fp32_oracle(block_size: int) -> None:
+def test_bf16_stays_close_to_fp32_oracle(block_size: int, backend: type) -> None:
     step = make_step(MIXED["interleaved"], block_size, 9, 3, 64, dtype=torch.bfloat16)
-    out = step.run()
+    out = step.run(backend=backend)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), step.expected(), **BF16_TOL)
 
 
-def test_stale_slots_past_each_context_are_never_read() -> None:
+def test_stale_slots_past_each_context_are_never_read(backend: type) -> None:
     # Every slot outside the sequences' contexts, table padding included, holds GARBAGE.
     step = make_step([Seq(0, 3), Seq(1, 1), Seq(30, 1), Seq(5, 1)], block_size=16)
     assert (step.pool.k == GARBAGE).any()
-    out = step.run()
+    out = step.run(backend=backend)
     assert out.isfinite().all()
     torch.testing.assert_close(out, step.expected(), **FP32_TOL)
 
 
-def test_explicit_scale_replaces_one_over_sqrt_head_dim() -> None:
+def test_explicit_scale_replaces_one_over_sqrt_head_dim(backend: type) -> None:
     step = make_step(MIXED["decodes_first"], block_size=2, head_dim=16)
     expected = step.expected(q_scale=0.3 * math.sqrt(16))  # attend divides by sqrt(16)
-    torch.testing.assert_close(step.run(scale=0.3), expected, **FP32_TOL)
+    torch.testing.assert_close(step.run(scale=0.3, backend=backend), expected, **FP32_TOL)
 
 
 def test_reference_functions_compose_into_the_backend() -> None:
@@ -310,7 +325,8 @@ def test_rejects_block_tables_too_short_for_the_context() -> None:
 
 def test_backend_registry_names_the_available_backends() -> None:
     assert get_attention_backend("torch") is TorchPagedAttention
-    assert get_attention_backend("auto", "cpu") is TorchPagedAttention
+    assert get_attention_backend("cpu") is CpuPagedAttention
+    assert get_attention_backend("auto", "cpu") is CpuPagedAttention  # where the C kernels build
     with pytest.raises(ValueError, match="unknown attention backend 'cuda'; available: auto"):
         get_attention_backend("cuda")
 

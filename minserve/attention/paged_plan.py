@@ -47,45 +47,80 @@ def make_group(
 def plan_step(
     metadata: AttentionMetadata, block_size: int, dtype: torch.dtype = torch.float32
 ) -> list[AttentionGroup]:
-    """Split a step into attention groups (masks in `dtype`, the cache's). Reads the
-    metadata to the host once per step."""
-    if metadata.block_tables.shape[1] * block_size < metadata.max_context_len:
-        raise ValueError(
-            f"block tables have {metadata.block_tables.shape[1]} blocks of {block_size} "
-            f"tokens, too few for a context of {metadata.max_context_len} tokens"
+    """Split a step into attention groups (masks in `dtype`, the cache's): the decodes'
+    buckets, then each prefill or extend chunk. Reads the metadata to the host once."""
+    step = StepLayout.read(metadata, block_size)
+    return decode_groups(step, dtype) + chunk_groups(step, dtype)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """The metadata a plan reads, on the host: where each sequence's queries sit."""
+
+    starts: list[int]  # query_start_loc
+    contexts: list[int]  # context_lens
+    tables: torch.Tensor  # [num_seqs, max_blocks] int64
+    block_size: int
+
+    @classmethod
+    def read(cls, metadata: AttentionMetadata, block_size: int) -> StepLayout:
+        if metadata.block_tables.shape[1] * block_size < metadata.max_context_len:
+            raise ValueError(
+                f"block tables have {metadata.block_tables.shape[1]} blocks of {block_size} "
+                f"tokens, too few for a context of {metadata.max_context_len} tokens"
+            )
+        return cls(
+            metadata.query_start_loc.tolist(),
+            metadata.context_lens.tolist(),
+            metadata.block_tables.long(),
+            block_size,
         )
-    starts = metadata.query_start_loc.tolist()
-    contexts = metadata.context_lens.tolist()
-    tables = metadata.block_tables.long()  # [num_seqs, max_blocks]
-    device = tables.device
 
-    def blocks_for(context: int) -> int:
-        return -(-context // block_size)  # ceil
+    def query_len(self, seq: int) -> int:
+        return self.starts[seq + 1] - self.starts[seq]
 
-    seqs = range(metadata.num_seqs)
-    decodes = [i for i in seqs if starts[i + 1] - starts[i] == 1]
+    def blocks_for(self, seq: int) -> int:
+        return -(-self.contexts[seq] // self.block_size)  # ceil
+
+    @property
+    def decodes(self) -> list[int]:
+        """The sequences with one query token."""
+        return [i for i in range(len(self.contexts)) if self.query_len(i) == 1]
+
+
+def decode_groups(step: StepLayout, dtype: torch.dtype) -> list[AttentionGroup]:
+    """The decodes in padded batches of similar context lengths (`length_buckets`)."""
+    device = step.tables.device
     groups = []
-    for bucket in length_buckets(decodes, [blocks_for(c) for c in contexts]):
-        longest = blocks_for(contexts[bucket[0]])
+    num_blocks = [step.blocks_for(i) for i in range(len(step.contexts))]
+    for bucket in length_buckets(step.decodes, num_blocks):
+        longest = num_blocks[bucket[0]]
         bucket = sorted(bucket)  # batch order: consecutive rows read as a slice, no copy
         groups.append(
             make_group(
-                rows=rows_of([starts[i] for i in bucket], device),
-                block_index=block_index(tables[torch.tensor(bucket, device=device)], longest),
-                positions=torch.tensor([[contexts[i] - 1] for i in bucket], device=device),
-                block_size=block_size,
+                rows=rows_of([step.starts[i] for i in bucket], device),
+                block_index=block_index(step.tables[torch.tensor(bucket, device=device)], longest),
+                positions=torch.tensor([[step.contexts[i] - 1] for i in bucket], device=device),
+                block_size=step.block_size,
                 dtype=dtype,
             )
         )
-    for i in seqs:
-        start, end, context = starts[i], starts[i + 1], contexts[i]
-        if end - start > 1:
+    return groups
+
+
+def chunk_groups(step: StepLayout, dtype: torch.dtype) -> list[AttentionGroup]:
+    """One group per prefill or extend chunk (more than one query token)."""
+    device = step.tables.device
+    groups = []
+    for i, (start, context) in enumerate(zip(step.starts, step.contexts)):
+        n = step.query_len(i)
+        if n > 1:
             groups.append(
                 make_group(
-                    rows=slice(start, end),
-                    block_index=block_index(tables[i : i + 1], blocks_for(context)),
-                    positions=torch.arange(context - (end - start), context, device=device)[None],
-                    block_size=block_size,
+                    rows=slice(start, start + n),
+                    block_index=block_index(step.tables[i : i + 1], step.blocks_for(i)),
+                    positions=torch.arange(context - n, context, device=device)[None],
+                    block_size=step.block_size,
                     dtype=dtype,
                 )
             )

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minserve.kernels import cpu_ops
 from minserve.model.config import ModelConfig
 
 
@@ -39,6 +40,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_ops.applies(x, self.weight):  # fp32 on a CPU: one C call (minserve/kernels)
+            return cpu_ops.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # torch's own rms_norm: the same math, one call not six
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
@@ -97,6 +100,8 @@ class Rotation:
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, heads, head_dim] -> x rotated by each token's position."""
+        if cpu_ops.applies(x, self.cos):  # fp32 on a CPU: one C call (minserve/kernels)
+            return cpu_ops.rope(x, self.cos, self.sin)
         x1, x2 = x.chunk(2, dim=-1)
         return x * self.cos + torch.cat((-x2, x1), dim=-1) * self.sin
 
@@ -168,7 +173,10 @@ class MLP(nn.Module):
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            gate_up = self.gate_up_proj(x)  # [T, 2 * inner]: gate, then up
+            if cpu_ops.applies(gate_up):  # fp32 on a CPU: one C call (minserve/kernels)
+                return self.down_proj(cpu_ops.silu_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

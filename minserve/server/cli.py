@@ -37,7 +37,9 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument(
+        "--attention-backend", default="auto", choices=["auto", "cpu", "torch", "triton"]
+    )
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (local processes)")
     p.add_argument("--max-queued-requests", type=int, default=256,
                    help="requests accepted beyond max-num-seqs; more get 503")  # fmt: skip

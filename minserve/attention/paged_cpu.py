@@ -1,0 +1,99 @@
+"""PagedAttention on a CPU with C kernels for the decodes (the default CPU backend).
+
+Per layer: the step's k/v go to their slots in one C call; every decode attends in one C
+call that reads its blocks in place through its block table (`kernels/paged_attention.c`);
+prefill and extend chunks, few and long, run torch's attention as in `paged_torch.py`,
+their reference and fallback. The kernels are fp32: another dtype, or a machine where the
+library cannot be built, runs the plain-torch path for the whole step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+from minserve.attention.paged_plan import StepLayout, chunk_groups, decode_groups
+from minserve.attention.paged_torch import attend_groups, paged_store_reference
+from minserve.kernels.build import cpu_kernels
+
+
+class CpuPagedAttention:
+    """`AttentionFn` over a paged KV pool: C kernels for store and decode, torch for chunks."""
+
+    def __init__(
+        self, kv: PagedKVCache, metadata: AttentionMetadata, scale: float | None = None
+    ) -> None:
+        self.kv = kv
+        self.metadata = metadata
+        self.scale = scale
+        cache = kv.k_cache(0)
+        step = StepLayout.read(metadata, cache.shape[1])
+        self.lib = cpu_kernels() if uses_kernels(cache) else None
+        decodes = step.decodes if self.lib is not None else []
+        self.chunks = chunk_groups(step, cache.dtype)
+        if self.lib is None:  # plain torch for the whole step
+            self.chunks = decode_groups(step, cache.dtype) + self.chunks
+        self.decode_seqs = torch.tensor(decodes, dtype=torch.int64)  # [num_decodes]
+        self.decode_rows = torch.tensor([step.starts[i] for i in decodes], dtype=torch.int64)
+        self.tables = metadata.block_tables.contiguous()  # [num_seqs, max_blocks] int32
+        self.context_lens = metadata.context_lens.contiguous()  # [num_seqs] int32
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        self.metadata.check_num_tokens(q.shape[0])
+        k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
+        if self.lib is None:
+            paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
+            return attend_groups(q, k_cache, v_cache, self.chunks, self.scale)
+        self.store(k_cache, v_cache, k, v)
+        out = attend_groups(q, k_cache, v_cache, self.chunks, self.scale) if self.chunks else None
+        if self.decode_seqs.numel() == 0:
+            return out
+        if out is None:
+            out = torch.empty_like(q)  # [T, Hq, D]
+        self.decode(out, q, k_cache, v_cache)
+        return out
+
+    def store(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """k, v [T, Hkv, D] (rows may be strided, each row contiguous) -> their slots."""
+        check_rows(k, v)
+        slots = self.metadata.slot_mapping
+        self.lib.store_kv_f32(
+            k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(),
+            slots.data_ptr(), slots.numel(), k.stride(0), v.stride(0), k[0].numel(),
+        )  # fmt: skip
+
+    def decode(
+        self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> None:
+        """Every decode's attention, written into its row of `out` [T, Hq, D]."""
+        check_rows(q, out)
+        _, num_heads, head_dim = q.shape
+        block_size, num_kv_heads = k_cache.shape[1:3]
+        scale = self.scale if self.scale is not None else head_dim**-0.5
+        status = self.lib.paged_decode_f32(
+            out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+            self.tables.data_ptr(), self.context_lens.data_ptr(),
+            self.decode_seqs.data_ptr(), self.decode_rows.data_ptr(), self.decode_seqs.numel(),
+            q.stride(0), out.stride(0), self.tables.stride(0), block_size,
+            num_heads, num_kv_heads, head_dim, scale,
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError("paged_decode_f32 could not allocate its score buffers")
+
+
+def uses_kernels(cache: torch.Tensor) -> bool:
+    """The C kernels take an fp32, contiguous, host-memory pool layer."""
+    return cache.device.type == "cpu" and cache.dtype == torch.float32 and cache.is_contiguous()
+
+
+def check_rows(*tensors: torch.Tensor) -> None:
+    """The kernels step over tokens by stride but read each token's heads as one run."""
+    for t in tensors:
+        _, heads, dim = t.shape
+        if t.stride(2) != 1 or t.stride(1) != dim or t.dtype != torch.float32:
+            raise ValueError(
+                f"the CPU kernels need fp32 [T, H, D] tensors with contiguous heads; got "
+                f"{t.dtype} of shape {tuple(t.shape)} and strides {t.stride()}"
+            )

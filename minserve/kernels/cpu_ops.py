@@ -1,0 +1,64 @@
+"""The decoder layer's small ops through the C kernels (`layer_ops.c`), where they apply.
+
+`llama.py` asks `applies(...)` and otherwise runs its own torch code, which is the
+reference these are tested against (`tests/test_cpu_kernels.py`). They apply to fp32 CPU
+tensors outside autograd (the kernels have no backward) once the library has been built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minserve.kernels.build import cpu_kernels
+
+
+def applies(*tensors: torch.Tensor) -> bool:
+    """True when the C kernels can stand in for torch on these tensors.
+
+    Called several times per layer, so it is kept to cheap attribute reads."""
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if not t.is_cpu or t.dtype is not torch.float32 or (grad and t.requires_grad):
+            return False
+    return cpu_kernels() is not None
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x [..., dim] as rows [N, dim] whose elements are contiguous (x itself when 2-D)."""
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim: x [..., dim], weight [dim] -> [..., dim]."""
+    rows = rows_of(x)  # [N, dim]
+    out = torch.empty(rows.shape, dtype=x.dtype)
+    n, dim = rows.shape
+    cpu_kernels().rms_norm_f32(
+        out.data_ptr(), rows.data_ptr(), weight.contiguous().data_ptr(),
+        n, dim, rows.stride(0), dim, eps,
+    )  # fmt: skip
+    return out if rows is x else out.view(x.shape)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: x [T, heads, D] (heads contiguous), cos/sin [T, 1, D] -> [T, heads, D]."""
+    num_tokens, heads, head_dim = x.shape
+    if x.stride(2) != 1 or x.stride(1) != head_dim:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    cpu_kernels().rope_f32(
+        out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        num_tokens, heads, head_dim, x.stride(0),
+    )  # fmt: skip
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation: gate_up [..., 2 * inner], gate then up -> silu(gate) * up."""
+    rows = rows_of(gate_up)  # [N, 2 * inner]
+    n, inner = rows.shape[0], rows.shape[1] // 2
+    out = torch.empty((n, inner), dtype=gate_up.dtype)
+    cpu_kernels().silu_mul_f32(out.data_ptr(), rows.data_ptr(), n, inner, rows.stride(0), inner)
+    return out if rows is gate_up else out.view(*gate_up.shape[:-1], inner)

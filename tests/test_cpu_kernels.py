@@ -1,0 +1,193 @@
+"""The C kernels (`minserve/kernels`) against their torch references, and how they are built.
+
+Paged attention through the C backend is also run against the contiguous oracle in
+`test_paged_attention.py`; greedy parity with transformers (test_model_parity, test_engine)
+runs the engine's default CPU path, which is these kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minserve.attention.backends import get_attention_backend
+from minserve.attention.metadata import AttentionMetadata
+from minserve.attention.paged_cpu import CpuPagedAttention
+from minserve.attention.paged_torch import TorchPagedAttention
+from minserve.kernels import build, cpu_ops
+from minserve.model.config import ModelConfig
+from minserve.model.llama import RMSNorm, RotaryEmbedding, Rotation
+
+GEN = torch.Generator().manual_seed(0)
+CONFIG = ModelConfig(  # SmolLM2-135M's attention and MLP shapes
+    architecture="llama",
+    vocab_size=64,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=1,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+)
+
+
+def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(shape, generator=GEN) * scale
+
+
+# --- building ------------------------------------------------------------------------------
+
+
+def test_the_library_builds_here_and_shares_torchs_openmp() -> None:
+    assert build.build_error() is None and build.cpu_kernels() is not None
+    maps = Path(f"/proc/{os.getpid()}/maps").read_text().splitlines()
+    gomp = {line.split()[-1] for line in maps if "libgomp" in line}
+    assert len(gomp) == 1 and "torch" in gomp.pop()  # one OpenMP runtime: torch's
+
+
+def test_the_cache_name_follows_the_sources_and_the_cpu(monkeypatch) -> None:
+    first = build.library_path("cc")
+    monkeypatch.setattr(build, "cpu_features", lambda: "flags : another cpu")
+    assert build.library_path("cc") != first
+    assert build.library_path("cc").parent == build.cache_dir()
+
+
+def test_no_compiler_means_torch_backend_and_says_why(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("MINSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    build._build_and_load.cache_clear()
+    try:
+        assert build.cpu_kernels() is None
+        assert "no-such-cc" in build.build_error()
+        assert get_attention_backend("auto", "cpu") is TorchPagedAttention
+        with pytest.raises(ValueError, match="attention backend 'cpu' is unavailable"):
+            get_attention_backend("cpu")
+        assert not cpu_ops.applies(torch.ones(2))
+        assert list(tmp_path.iterdir()) == []  # nothing half-written
+    finally:
+        monkeypatch.undo()
+        build._build_and_load.cache_clear()
+    assert build.cpu_kernels() is not None
+
+
+def test_a_failed_compile_reports_the_compilers_message(tmp_path) -> None:
+    with pytest.raises(build.KernelBuildError, match="failed"):
+        build.build("false", tmp_path / "lib.so")
+    assert not (tmp_path / "lib.so").exists()
+
+
+# --- layer ops against torch ---------------------------------------------------------------
+
+
+def test_applies_only_to_fp32_cpu_tensors_outside_autograd() -> None:
+    x = torch.ones(3)
+    assert cpu_ops.applies(x)
+    assert not cpu_ops.applies(x.bfloat16())
+    w = torch.ones(3, requires_grad=True)
+    assert not cpu_ops.applies(x, w)
+    with torch.no_grad():
+        assert cpu_ops.applies(x, w)
+
+
+def torch_rms_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's LlamaRMSNorm, written out."""
+    x32 = x.float()
+    return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps))
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (5, 64), (40, 576), (7, 3, 64)])
+def test_rms_norm_matches_hugging_faces(shape: tuple[int, ...]) -> None:
+    norm = RMSNorm(shape[-1], 1e-5)
+    norm.weight.data = randn(shape[-1])
+    x = randn(*shape, scale=3.0)
+    with torch.inference_mode():
+        out = norm(x)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, torch_rms_norm(norm, x), rtol=1e-6, atol=1e-6)
+
+
+def test_rms_norm_reads_strided_rows() -> None:
+    norm = RMSNorm(64, 1e-6)
+    x = randn(6, 5, 64)[:, 1:4]  # [6, 3, 64], not contiguous
+    with torch.inference_mode():
+        torch.testing.assert_close(norm(x), torch_rms_norm(norm, x), rtol=1e-6, atol=1e-6)
+
+
+def torch_rope(rotation: Rotation, x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * rotation.cos + torch.cat((-x2, x1), dim=-1) * rotation.sin
+
+
+@pytest.mark.parametrize("num_tokens", [1, 17, 100])
+def test_rope_matches_rotate_half_exactly(num_tokens: int) -> None:
+    rotation = RotaryEmbedding(CONFIG)(torch.arange(num_tokens) * 7, torch.float32)
+    fused = randn(num_tokens, 15, CONFIG.head_dim)  # q, k, v heads side by side
+    qk = fused[:, :12]  # strided rows: the fused projection's q and k
+    with torch.inference_mode():
+        out = rotation.apply(qk)
+    assert out.shape == qk.shape
+    assert torch.equal(out, torch_rope(rotation, qk))  # the same products and sums
+
+
+@pytest.mark.parametrize("num_tokens", [1, 16, 33])
+def test_silu_and_mul_matches_torch(num_tokens: int) -> None:
+    gate_up = randn(num_tokens, 2 * CONFIG.intermediate_size, scale=4.0)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_ops.silu_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
+
+
+def test_the_fast_exp_inside_silu_holds_over_the_whole_float_range() -> None:
+    gate = torch.cat([torch.linspace(-120, 120, 4001), torch.tensor([-1e30, 1e30, 0.0])])
+    up = torch.ones_like(gate)
+    out = cpu_ops.silu_mul(torch.cat([gate, up])[None])[0]
+    torch.testing.assert_close(out, F.silu(gate), rtol=2e-6, atol=1e-30)
+    assert out.isfinite().all()
+
+
+def test_silu_and_mul_propagates_nan() -> None:
+    gate_up = torch.tensor([[float("nan"), 1.0, 2.0, 3.0]])
+    out = cpu_ops.silu_mul(gate_up)
+    assert out[0, 0].isnan() and out[0, 1] == F.silu(torch.tensor(1.0)) * 3.0
+
+
+# --- paged decode at real sizes --------------------------------------------------------------
+
+
+class Pool:
+    def __init__(self, num_blocks: int, block_size: int, heads: int, dim: int) -> None:
+        self.kv = randn(2, 2, num_blocks, block_size, heads, dim)
+
+    def k_cache(self, layer: int) -> torch.Tensor:
+        return self.kv[layer, 0]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        return self.kv[layer, 1]
+
+
+@pytest.mark.parametrize(("num_seqs", "max_context"), [(1, 2000), (19, 300)])
+def test_many_long_decodes_match_torch(num_seqs: int, max_context: int) -> None:
+    """Long contexts and more (sequence, head) tasks than threads, SmolLM2's head shapes."""
+    block_size, num_heads, num_kv_heads, head_dim = 16, 9, 3, 64
+    contexts = torch.randint(1, max_context, (num_seqs,), generator=GEN).tolist()
+    needed = [-(-c // block_size) for c in contexts]
+    order = torch.randperm(sum(needed), generator=GEN).tolist()
+    tables = [[order.pop() for _ in range(n)] for n in needed]
+    slots = [t[(c - 1) // block_size] * block_size + (c - 1) % block_size
+             for t, c in zip(tables, contexts)]  # fmt: skip
+    metadata = AttentionMetadata.build([1] * num_seqs, contexts, tables, slots)
+    pool, copy = Pool(sum(needed), block_size, num_kv_heads, head_dim), Pool(1, 1, 1, 1)
+    copy.kv = pool.kv.clone()
+    q = randn(num_seqs, num_heads, head_dim)
+    k, v = randn(num_seqs, num_kv_heads, head_dim), randn(num_seqs, num_kv_heads, head_dim)
+    out = CpuPagedAttention(pool, metadata)(1, q, k, v)
+    expected = TorchPagedAttention(copy, metadata)(1, q, k, v)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(pool.kv, copy.kv)  # the same slots written
