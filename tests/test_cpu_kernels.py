@@ -191,3 +191,10 @@ def test_many_long_decodes_match_torch(num_seqs: int, max_context: int) -> None:
     expected = TorchPagedAttention(copy, metadata)(1, q, k, v)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(pool.kv, copy.kv)  # the same slots written
+
+
+def test_torch_only_turns_the_layer_kernels_off_inside_its_block() -> None:
+    x = torch.ones(3)
+    with cpu_ops.torch_only():
+        assert not cpu_ops.applies(x)
+    assert cpu_ops.applies(x)

@@ -7,15 +7,32 @@ tensors outside autograd (the kernels have no backward) once the library has bee
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from minserve.kernels.build import cpu_kernels
+
+_switch = {"on": True}  # off only inside `torch_only()`, for side-by-side measurements
+
+
+@contextmanager
+def torch_only() -> Iterator[None]:
+    """Run the layers' torch code, not the C kernels, inside this block (to compare them)."""
+    before, _switch["on"] = _switch["on"], False
+    try:
+        yield
+    finally:
+        _switch["on"] = before
 
 
 def applies(*tensors: torch.Tensor) -> bool:
     """True when the C kernels can stand in for torch on these tensors.
 
     Called several times per layer, so it is kept to cheap attribute reads."""
+    if not _switch["on"]:
+        return False
     grad = torch.is_grad_enabled()
     for t in tensors:
         if not t.is_cpu or t.dtype is not torch.float32 or (grad and t.requires_grad):

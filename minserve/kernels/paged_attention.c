@@ -20,9 +20,11 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "fast_exp.h"
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "fast_exp.h"
 
 /* Write token t's k and v (Hkv * D floats each, at row strides k_tok, v_tok) to its slot. */
 void store_kv_f32(float *k_cache, float *v_cache, const float *k, const float *v,
@@ -34,31 +36,57 @@ void store_kv_f32(float *k_cache, float *v_cache, const float *k, const float *v
     }
 }
 
-static float dot(const float *a, const float *b, int64_t n) {
+static float dot(const float *restrict a, const float *restrict b, int64_t n) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
-/* One sequence, one KV head: its `group` query heads over the sequence's `context` keys.
- * scores: scratch of group * context floats. */
-static void attend_one(float *out, const float *q, const float *k_cache, const float *v_cache,
-                       const int32_t *table, int64_t context, int64_t kv_head, int64_t group,
-                       int64_t block_size, int64_t num_kv_heads, int64_t head_dim, float scale,
-                       float *scores) {
-    const int64_t token_row = num_kv_heads * head_dim; /* one slot: every KV head */
-    const int64_t block_row = block_size * token_row;  /* one block */
-    for (int64_t j0 = 0; j0 < context; j0 += block_size) { /* block by block, in order */
-        const float *keys = k_cache + table[j0 / block_size] * block_row + kv_head * head_dim;
-        const int64_t n = context - j0 < block_size ? context - j0 : block_size;
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t g = 0; g < group; g++)
-                scores[g * context + j0 + j] =
-                    dot(q + g * head_dim, keys + j * token_row, head_dim) * scale;
+static void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* Ask for the next block's rows of these heads while this block is computed: blocks sit
+ * anywhere in the pool, so the hardware cannot guess where the next one starts. */
+static void prefetch_rows(const float *row, int64_t floats) {
+    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(row + i);
+}
+
+/* Where a task's pass over a sequence reads: its block table and the slots' layout. */
+typedef struct {
+    const int32_t *table;
+    int64_t context, block_size, token_row; /* token_row: one slot, every KV head */
+    int64_t first, count;                   /* the KV heads this task covers */
+    int64_t head_dim, group;                /* group: query heads per KV head */
+} Pass;
+
+/* scores[r][j] = q_r . k_j * scale for the task's query rows r (count * group of them),
+ * walking the sequence's blocks in order, each slot's heads read as one run. */
+static void score_keys(float *scores, const float *q, const float *k_cache, const Pass *p,
+                       float scale) {
+    const int64_t span = p->count * p->head_dim, rows = p->count * p->group;
+    for (int64_t j0 = 0; j0 < p->context; j0 += p->block_size) {
+        const int64_t b = j0 / p->block_size, n = p->context - j0 < p->block_size ? p->context - j0 : p->block_size;
+        const float *block = k_cache + (int64_t)p->table[b] * p->block_size * p->token_row + p->first * p->head_dim;
+        const float *next = j0 + p->block_size < p->context
+            ? k_cache + (int64_t)p->table[b + 1] * p->block_size * p->token_row + p->first * p->head_dim
+            : NULL;
+        for (int64_t j = 0; j < n; j++) {
+            const float *slot = block + j * p->token_row;
+            if (next != NULL) prefetch_rows(next + j * p->token_row, span);
+            for (int64_t r = 0; r < rows; r++)
+                scores[r * p->context + j0 + j] =
+                    dot(q + r * p->head_dim, slot + (r / p->group) * p->head_dim, p->head_dim) * scale;
+        }
     }
-    for (int64_t g = 0; g < group; g++) {
-        float *s = scores + g * context;
+}
+
+/* Each row of scores [rows, context] -> its softmax, exact: max, exp, sum, divide. */
+static void softmax_rows(float *scores, int64_t rows, int64_t context) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *s = scores + r * context;
         float m = s[0], total = 0.0f;
         for (int64_t j = 1; j < context; j++) m = s[j] > m ? s[j] : m;
 #pragma omp simd reduction(+ : total)
@@ -69,47 +97,61 @@ static void attend_one(float *out, const float *q, const float *k_cache, const f
         const float inv = 1.0f / total;
         for (int64_t j = 0; j < context; j++) s[j] *= inv;
     }
-    for (int64_t g = 0; g < group; g++) memset(out + g * head_dim, 0, head_dim * sizeof(float));
-    for (int64_t j0 = 0; j0 < context; j0 += block_size) {
-        const float *values = v_cache + table[j0 / block_size] * block_row + kv_head * head_dim;
-        const int64_t n = context - j0 < block_size ? context - j0 : block_size;
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t g = 0; g < group; g++) {
-                const float p = scores[g * context + j0 + j];
-                const float *value = values + j * token_row;
-                float *o = out + g * head_dim;
-#pragma omp simd
-                for (int64_t d = 0; d < head_dim; d++) o[d] += p * value[d];
-            }
+}
+
+/* out_r = sum_j p_rj v_j for the task's query rows, blocks walked as in score_keys. */
+static void weigh_values(float *out, const float *probs, const float *v_cache, const Pass *p) {
+    const int64_t span = p->count * p->head_dim, rows = p->count * p->group;
+    memset(out, 0, rows * p->head_dim * sizeof(float));
+    for (int64_t j0 = 0; j0 < p->context; j0 += p->block_size) {
+        const int64_t b = j0 / p->block_size, n = p->context - j0 < p->block_size ? p->context - j0 : p->block_size;
+        const float *block = v_cache + (int64_t)p->table[b] * p->block_size * p->token_row + p->first * p->head_dim;
+        const float *next = j0 + p->block_size < p->context
+            ? v_cache + (int64_t)p->table[b + 1] * p->block_size * p->token_row + p->first * p->head_dim
+            : NULL;
+        for (int64_t j = 0; j < n; j++) {
+            const float *slot = block + j * p->token_row;
+            if (next != NULL) prefetch_rows(next + j * p->token_row, span);
+            for (int64_t r = 0; r < rows; r++)
+                axpy(out + r * p->head_dim, probs[r * p->context + j0 + j],
+                     slot + (r / p->group) * p->head_dim, p->head_dim);
+        }
     }
 }
 
 /* Decode attention for `num_decodes` sequences: sequence seqs[i] has its query token at row
  * rows[i], its blocks in block_tables[seqs[i]] and context_lens[seqs[i]] keys (its own new
- * key included, already stored). Returns 0, or -1 when scratch memory ran out. */
+ * key included, already stored). One task per sequence, reading each slot's KV heads as one
+ * run; with fewer sequences than threads, one task per (sequence, KV head) instead, so that
+ * every thread has work. Returns 0, or -1 when scratch memory ran out. */
 int paged_decode_f32(float *out, const float *q, const float *k_cache, const float *v_cache,
                      const int32_t *block_tables, const int32_t *context_lens,
                      const int64_t *seqs, const int64_t *rows, int64_t num_decodes,
                      int64_t q_tok, int64_t out_tok, int64_t bt_stride, int64_t block_size,
                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) {
     const int64_t group = num_heads / num_kv_heads;
+    const int64_t per_task = num_decodes >= omp_get_max_threads() ? num_kv_heads : 1;
+    const int64_t tasks_per_seq = num_kv_heads / per_task;
     int failed = 0;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) reduction(| : failed) if (num_decodes * num_kv_heads > 1)
-    for (int64_t i = 0; i < num_decodes; i++) {
-        for (int64_t h = 0; h < num_kv_heads; h++) {
-            const int64_t seq = seqs[i], context = context_lens[seq];
-            float *scores = malloc(group * context * sizeof(float));
-            if (scores == NULL) {
-                failed = 1;
-                continue;
-            }
-            const int64_t first_head = h * group; /* this KV head's query heads, in a row */
-            attend_one(out + rows[i] * out_tok + first_head * head_dim,
-                       q + rows[i] * q_tok + first_head * head_dim, k_cache, v_cache,
-                       block_tables + seq * bt_stride, context, h, group, block_size,
-                       num_kv_heads, head_dim, scale, scores);
-            free(scores);
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed) if (num_decodes * tasks_per_seq > 1)
+    for (int64_t task = 0; task < num_decodes * tasks_per_seq; task++) {
+        const int64_t i = task / tasks_per_seq, seq = seqs[i];
+        const Pass pass = {
+            .table = block_tables + seq * bt_stride, .context = context_lens[seq],
+            .block_size = block_size, .token_row = num_kv_heads * head_dim,
+            .first = task % tasks_per_seq * per_task, .count = per_task,
+            .head_dim = head_dim, .group = group,
+        };
+        float *scores = malloc(per_task * group * pass.context * sizeof(float));
+        if (scores == NULL) {
+            failed = 1;
+            continue;
         }
+        const int64_t first_row = pass.first * group * head_dim; /* its query heads, in a row */
+        score_keys(scores, q + rows[i] * q_tok + first_row, k_cache, &pass, scale);
+        softmax_rows(scores, per_task * group, pass.context);
+        weigh_values(out + rows[i] * out_tok + first_row, scores, v_cache, &pass);
+        free(scores);
     }
     return failed ? -1 : 0;
 }

@@ -45,14 +45,16 @@ class PagedKVPool:
             dtype=dtype,
             device=self.device,
         )  # [num_layers, 2, num_blocks, block_size, Hkv, D]
+        # each layer's views made once: attention asks for them every layer of every step
+        self._layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(model_config.num_layers)]
 
     def k_cache(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s keys, [num_blocks, block_size, Hkv, D]; a view, writes go to the pool."""
-        return self.kv[layer, 0]
+        return self._layers[layer][0]
 
     def v_cache(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s values, [num_blocks, block_size, Hkv, D]; a view into the pool."""
-        return self.kv[layer, 1]
+        return self._layers[layer][1]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy block src to block dst in every layer, K and V (copy-on-write after a fork)."""

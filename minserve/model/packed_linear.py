@@ -53,12 +53,14 @@ class PackedLinear(nn.Module):
         self._bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # [N, in]
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
         num_rows = rows.shape[0]
         padded = padded_rows(num_rows)
         if padded != num_rows:
             rows = F.pad(rows, (0, 0, 0, padded - num_rows))  # [padded, in], zero rows last
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self._bias, "none", [], "")
+        if rows is x:  # a decode step's usual case: nothing to cut or reshape
+            return out
         return out[:num_rows].view(*x.shape[:-1], self.out_features)  # [..., out]
 
     def extra_repr(self) -> str:
