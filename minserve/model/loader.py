@@ -13,6 +13,7 @@ from minserve.model.default_model import default_model_path
 from minserve.model.fused_projections import fuse_projections
 from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
+from minserve.model.linear_choice import tune_plain_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
 from minserve.model.packed_linear import can_prepack, prepack_linears
 from minserve.model.tokenizer import Tokenizer
@@ -113,6 +114,7 @@ def build_model(
         fuse_projections(net)
     if prepack and can_prepack(device, dtype):
         prepack_linears(net)
+        tune_plain_rows(net)  # oneDNN or MKL for a decode's few rows, on this CPU
     return net.eval()
 
 

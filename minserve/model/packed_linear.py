@@ -40,7 +40,11 @@ class PackedLinear(nn.Module):
 
     `weight` and `bias` stay as they were (a tied embedding shares the weight, and
     `state_dict()` still names it); `packed` is the reordered copy the forward reads.
+    Inputs of at most `plain_rows` rows go to `F.linear` on `weight` instead: on some CPUs
+    MKL's path for one to three rows streams the weight faster (`linear_choice.py` measures).
     """
+
+    plain_rows: int = 0
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -55,6 +59,8 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
         num_rows = rows.shape[0]
+        if num_rows <= self.plain_rows:
+            return F.linear(x, self.weight, self.bias)
         padded = padded_rows(num_rows)
         if padded != num_rows:
             rows = F.pad(rows, (0, 0, 0, padded - num_rows))  # [padded, in], zero rows last
