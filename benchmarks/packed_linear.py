@@ -4,7 +4,9 @@
 
 Two engines share nothing but the checkpoint: one loads SmolLM2 with `prepack=False`
 (`F.linear` on row-major weights), one with the loader's default (weights reordered once
-for oneDNN, `minserve/model/packed_linear.py`); both fuse q/k/v and gate/up. For each
+for oneDNN, `minserve/model/packed_linear.py`, every row count on oneDNN: the loader's
+choice of F.linear for a decode's few rows, `linear_choice.py`, is turned off here, so the
+two rows compare the two GEMMs); both fuse q/k/v and gate/up. For each
 dtype and batch size, both get the same requests (128-token prompts, greedy), then their
 decode steps alternate, so machine noise falls on both alike. Reports the median step
 time of each, the ratio, and whether the two engines' greedy tokens were identical.
@@ -24,8 +26,8 @@ from tqdm import tqdm
 
 from minserve.bench.run_env import RunRecord, write_results
 from minserve.llm import LLM
-from minserve.model.loader import load_model
-from minserve.model.packed_linear import can_prepack
+from minserve.model.loader import LoadedModel, load_model
+from minserve.model.packed_linear import PackedLinear, can_prepack
 from minserve.sampling_params import SamplingParams
 
 HERE = Path(__file__).resolve().parent
@@ -81,6 +83,14 @@ def packable(dtype: str) -> bool:
     return False
 
 
+def all_rows_packed(loaded: LoadedModel) -> LoadedModel:
+    """Send every row count to oneDNN (`plain_rows = 0`)."""
+    for module in loaded.model.modules():
+        if isinstance(module, PackedLinear):
+            module.plain_rows = 0
+    return loaded
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -103,7 +113,7 @@ def main() -> int:
         if dtype != loaded_dtype:
             engines = {
                 "plain": LLM(load_model(None, dtype=dtype, prepack=False)),
-                "packed": LLM(load_model(None, dtype=dtype)),
+                "packed": LLM(all_rows_packed(load_model(None, dtype=dtype))),
             }
             loaded_dtype = dtype
         result = time_steps(engines, batch, args.steps)

@@ -10,10 +10,11 @@ library cannot be built, runs the plain-torch path for the whole step.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from minserve.attention.metadata import AttentionMetadata, PagedKVCache
 from minserve.attention.paged_plan import StepLayout, chunk_groups, decode_groups
-from minserve.attention.paged_torch import attend_groups, paged_store_reference
+from minserve.attention.paged_torch import attend_groups, is_every_row, paged_store_reference
 from minserve.kernels.build import cpu_kernels
 
 
@@ -30,7 +31,10 @@ class CpuPagedAttention:
         step = StepLayout.read(metadata, cache.shape[1])
         self.lib = cpu_kernels() if uses_kernels(cache) else None
         decodes = step.decodes if self.lib is not None else []
-        self.chunks = chunk_groups(step, cache.dtype)
+        # a prompt's first chunk attends only to itself: causal attention on the step's own
+        # k/v, no gather from the pool, no mask tensor
+        self.fresh = step.fresh_prefills if self.lib is not None else []
+        self.chunks = chunk_groups(step, cache.dtype, fresh=self.lib is None)
         if self.lib is None:  # plain torch for the whole step
             self.chunks = decode_groups(step, cache.dtype) + self.chunks
         self.decode_seqs = torch.tensor(decodes, dtype=torch.int64)  # [num_decodes]
@@ -47,12 +51,16 @@ class CpuPagedAttention:
             paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
             return attend_groups(q, k_cache, v_cache, self.chunks, self.scale)
         self.store(k_cache, v_cache, k, v)
-        out = attend_groups(q, k_cache, v_cache, self.chunks, self.scale) if self.chunks else None
-        if self.decode_seqs.numel() == 0:
-            return out
-        if out is None:
+        if self.chunks:
+            out = attend_groups(q, k_cache, v_cache, self.chunks, self.scale)
+        elif len(self.fresh) == 1 and is_every_row(self.fresh[0], q.shape[0]):
+            return fresh_prefill(q, k, v, self.scale)  # one prompt alone in the step
+        else:
             out = torch.empty_like(q)  # [T, Hq, D]
-        self.decode(out, q, k_cache, v_cache)
+        for rows in self.fresh:
+            out[rows] = fresh_prefill(q[rows], k[rows], v[rows], self.scale)
+        if self.decode_seqs.numel() > 0:
+            self.decode(out, q, k_cache, v_cache)
         return out
 
     def store(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -81,6 +89,22 @@ class CpuPagedAttention:
         )  # fmt: skip
         if status != 0:
             raise MemoryError("paged_decode_f32 could not allocate its score buffers")
+
+
+def fresh_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """Causal GQA attention of a prompt's first chunk over itself: q [n, Hq, D], k and v
+    [n, Hkv, D] -> [n, Hq, D]."""
+    out = F.scaled_dot_product_attention(
+        q[None].transpose(1, 2),
+        k[None].transpose(1, 2),
+        v[None].transpose(1, 2),  # [1, H, n, D]
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )  # fmt: skip (4-D, as torch's flash kernel for CPUs wants; 3-D takes the slow math path)
+    return out[0].transpose(0, 1)
 
 
 def uses_kernels(cache: torch.Tensor) -> bool:

@@ -87,6 +87,15 @@ class StepLayout:
         """The sequences with one query token."""
         return [i for i in range(len(self.contexts)) if self.query_len(i) == 1]
 
+    @property
+    def fresh_prefills(self) -> list[slice]:
+        """The rows of each prompt computed from its first token (nothing cached before it)."""
+        return [
+            slice(start, start + self.query_len(i))
+            for i, (start, context) in enumerate(zip(self.starts, self.contexts))
+            if self.query_len(i) > 1 and context == self.query_len(i)
+        ]
+
 
 def decode_groups(step: StepLayout, dtype: torch.dtype) -> list[AttentionGroup]:
     """The decodes in padded batches of similar context lengths (`length_buckets`)."""
@@ -108,13 +117,14 @@ def decode_groups(step: StepLayout, dtype: torch.dtype) -> list[AttentionGroup]:
     return groups
 
 
-def chunk_groups(step: StepLayout, dtype: torch.dtype) -> list[AttentionGroup]:
-    """One group per prefill or extend chunk (more than one query token)."""
+def chunk_groups(step: StepLayout, dtype: torch.dtype, fresh: bool = True) -> list[AttentionGroup]:
+    """One group per prefill or extend chunk (more than one query token); `fresh=False`
+    leaves out the chunks that start a prompt (see `StepLayout.fresh_prefills`)."""
     device = step.tables.device
     groups = []
     for i, (start, context) in enumerate(zip(step.starts, step.contexts)):
         n = step.query_len(i)
-        if n > 1:
+        if n > 1 and (fresh or context > n):
             groups.append(
                 make_group(
                     rows=slice(start, start + n),
