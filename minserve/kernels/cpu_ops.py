@@ -9,29 +9,30 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
 from minserve.kernels.build import cpu_kernels
 
-_switch = {"on": True}  # off only inside `torch_only()`, for side-by-side measurements
+_enabled: ContextVar[bool] = ContextVar("minserve_cpu_kernels", default=True)
 
 
 @contextmanager
 def torch_only() -> Iterator[None]:
     """Run the layers' torch code, not the C kernels, inside this block (to compare them)."""
-    before, _switch["on"] = _switch["on"], False
+    token = _enabled.set(False)
     try:
         yield
     finally:
-        _switch["on"] = before
+        _enabled.reset(token)
 
 
 def applies(*tensors: torch.Tensor) -> bool:
     """True when the C kernels can stand in for torch on these tensors.
 
     Called several times per layer, so it is kept to cheap attribute reads."""
-    if not _switch["on"]:
+    if not _enabled.get():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:

@@ -62,23 +62,34 @@ typedef struct {
     int64_t head_dim, group;                /* group: query heads per KV head */
 } Pass;
 
+/* Block b of the sequence in `cache`, at the task's first head (NULL past the context). */
+static const float *block_at(const float *cache, const Pass *p, int64_t b) {
+    if (b * p->block_size >= p->context) return NULL;
+    const int64_t block_row = p->block_size * p->token_row;
+    return cache + (int64_t)p->table[b] * block_row + p->first * p->head_dim;
+}
+
+/* Tokens of the sequence in block b: block_size, or fewer in its last block. */
+static int64_t tokens_in(const Pass *p, int64_t b) {
+    const int64_t left = p->context - b * p->block_size;
+    return left < p->block_size ? left : p->block_size;
+}
+
 /* scores[r][j] = q_r . k_j * scale for the task's query rows r (count * group of them),
  * walking the sequence's blocks in order, each slot's heads read as one run. */
 static void score_keys(float *scores, const float *q, const float *k_cache, const Pass *p,
                        float scale) {
     const int64_t span = p->count * p->head_dim, rows = p->count * p->group;
-    for (int64_t j0 = 0; j0 < p->context; j0 += p->block_size) {
-        const int64_t b = j0 / p->block_size, n = p->context - j0 < p->block_size ? p->context - j0 : p->block_size;
-        const float *block = k_cache + (int64_t)p->table[b] * p->block_size * p->token_row + p->first * p->head_dim;
-        const float *next = j0 + p->block_size < p->context
-            ? k_cache + (int64_t)p->table[b + 1] * p->block_size * p->token_row + p->first * p->head_dim
-            : NULL;
-        for (int64_t j = 0; j < n; j++) {
+    for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
+        const float *block = block_at(k_cache, p, b), *next = block_at(k_cache, p, b + 1);
+        for (int64_t j = 0; j < tokens_in(p, b); j++) {
             const float *slot = block + j * p->token_row;
             if (next != NULL) prefetch_rows(next + j * p->token_row, span);
-            for (int64_t r = 0; r < rows; r++)
-                scores[r * p->context + j0 + j] =
-                    dot(q + r * p->head_dim, slot + (r / p->group) * p->head_dim, p->head_dim) * scale;
+            for (int64_t r = 0; r < rows; r++) {
+                const float *key = slot + (r / p->group) * p->head_dim;
+                const float qk = dot(q + r * p->head_dim, key, p->head_dim);
+                scores[r * p->context + j0 + j] = qk * scale;
+            }
         }
     }
 }
@@ -103,18 +114,15 @@ static void softmax_rows(float *scores, int64_t rows, int64_t context) {
 static void weigh_values(float *out, const float *probs, const float *v_cache, const Pass *p) {
     const int64_t span = p->count * p->head_dim, rows = p->count * p->group;
     memset(out, 0, rows * p->head_dim * sizeof(float));
-    for (int64_t j0 = 0; j0 < p->context; j0 += p->block_size) {
-        const int64_t b = j0 / p->block_size, n = p->context - j0 < p->block_size ? p->context - j0 : p->block_size;
-        const float *block = v_cache + (int64_t)p->table[b] * p->block_size * p->token_row + p->first * p->head_dim;
-        const float *next = j0 + p->block_size < p->context
-            ? v_cache + (int64_t)p->table[b + 1] * p->block_size * p->token_row + p->first * p->head_dim
-            : NULL;
-        for (int64_t j = 0; j < n; j++) {
+    for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
+        const float *block = block_at(v_cache, p, b), *next = block_at(v_cache, p, b + 1);
+        for (int64_t j = 0; j < tokens_in(p, b); j++) {
             const float *slot = block + j * p->token_row;
             if (next != NULL) prefetch_rows(next + j * p->token_row, span);
-            for (int64_t r = 0; r < rows; r++)
-                axpy(out + r * p->head_dim, probs[r * p->context + j0 + j],
-                     slot + (r / p->group) * p->head_dim, p->head_dim);
+            for (int64_t r = 0; r < rows; r++) {
+                const float *value = slot + (r / p->group) * p->head_dim;
+                axpy(out + r * p->head_dim, probs[r * p->context + j0 + j], value, p->head_dim);
+            }
         }
     }
 }
@@ -133,8 +141,9 @@ int paged_decode_f32(float *out, const float *q, const float *k_cache, const flo
     const int64_t per_task = num_decodes >= omp_get_max_threads() ? num_kv_heads : 1;
     const int64_t tasks_per_seq = num_kv_heads / per_task;
     int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed) if (num_decodes * tasks_per_seq > 1)
-    for (int64_t task = 0; task < num_decodes * tasks_per_seq; task++) {
+    const int64_t num_tasks = num_decodes * tasks_per_seq;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed) if (num_tasks > 1)
+    for (int64_t task = 0; task < num_tasks; task++) {
         const int64_t i = task / tasks_per_seq, seq = seqs[i];
         const Pass pass = {
             .table = block_tables + seq * bt_stride, .context = context_lens[seq],
