@@ -18,25 +18,12 @@ from minserve.attention.backends import get_attention_backend
 from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_torch import TorchPagedAttention
+from minserve.bench.kernel_timing import SMOLLM2_SHAPES
 from minserve.kernels import build, cpu_ops
-from minserve.model.config import ModelConfig
 from minserve.model.llama import RMSNorm, RotaryEmbedding, Rotation
 
 GEN = torch.Generator().manual_seed(0)
-CONFIG = ModelConfig(  # SmolLM2-135M's attention and MLP shapes
-    architecture="llama",
-    vocab_size=64,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_layers=1,
-    num_heads=9,
-    num_kv_heads=3,
-    head_dim=64,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-    max_position_embeddings=8192,
-    tie_word_embeddings=True,
-)
+CONFIG = SMOLLM2_SHAPES
 
 
 def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:

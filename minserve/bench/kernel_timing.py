@@ -18,11 +18,11 @@ from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.model.config import ModelConfig
 
-SMOLLM2_ATTENTION = ModelConfig(
+SMOLLM2_SHAPES = ModelConfig(  # SmolLM2-135M's layer shapes, one layer, a toy vocabulary
     architecture="llama",
     vocab_size=32,
     hidden_size=576,
-    intermediate_size=8,
+    intermediate_size=1536,
     num_layers=1,
     num_heads=9,
     num_kv_heads=3,
@@ -40,7 +40,7 @@ def decode_step(
 ) -> tuple[PagedKVPool, AttentionMetadata, tuple[torch.Tensor, ...]]:
     """A pool, a decode step of `batch` sequences of `context` tokens, and its q, k, v."""
     gen = torch.Generator().manual_seed(seed)
-    cfg = SMOLLM2_ATTENTION
+    cfg = SMOLLM2_SHAPES
     per_seq = -(-context // block_size)
     pool = PagedKVPool(cfg, batch * per_seq, block_size, torch.float32, "cpu")
     pool.kv.normal_(generator=gen)
