@@ -258,6 +258,7 @@ MIXED = {
     "prefill_first": [Seq(0, 11), Seq(6, 1), Seq(17, 9), Seq(16, 1)],
     "interleaved": [Seq(6, 1), Seq(17, 9), Seq(16, 1), Seq(0, 11), Seq(32, 1)],
     "decodes_last": [Seq(17, 9), Seq(0, 11), Seq(16, 1), Seq(6, 1)],
+    "two_new_prompts": [Seq(0, 5), Seq(3, 1), Seq(0, 7)],  # prompts with nothing cached
 }
 
 

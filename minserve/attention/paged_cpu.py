@@ -63,7 +63,9 @@ class CpuPagedAttention:
             self.decode(out, q, k_cache, v_cache)
         return out
 
-    def store(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def store(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """k, v [T, Hkv, D] (rows may be strided, each row contiguous) -> their slots."""
         check_rows(k, v)
         slots = self.metadata.slot_mapping
