@@ -5,12 +5,18 @@ parallelism with real processes and real collectives: each process joins the gro
 calls `fn(comm, *args)` with its `ProcessGroupComm`, and sends back the result. `fn`
 must be importable (defined in a module, not in the notebook): spawned processes find it
 by name.
+
+Results cross as plain pickled bytes. Through the queue's own pickler a tensor would
+cross as a file descriptor that the receiver fetches from the sender later, and a rank
+that has already exited by then leaves nothing to fetch (FileNotFoundError).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import queue
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -32,7 +38,7 @@ def _rank_main(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
             timeout=timedelta(seconds=60),
         )  # fmt: skip
-        results.put((rank, True, fn(ProcessGroupComm(), *args)))
+        results.put((rank, True, pickle.dumps(fn(ProcessGroupComm(), *args))))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -72,9 +78,9 @@ def _collect(results: Any, world_size: int, timeout: float) -> list[tuple[int, A
     for _ in range(world_size):
         try:
             rank, ok, value = results.get(timeout=timeout)
-        except Exception as e:  # queue.Empty
+        except queue.Empty as e:
             raise RuntimeError(f"ranks did not finish within {timeout:.0f} s") from e
         if not ok:
             raise RuntimeError(f"rank {rank} failed:\n{value}")
-        out.append((rank, value))
+        out.append((rank, pickle.loads(value)))
     return out
