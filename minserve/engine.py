@@ -28,7 +28,7 @@ from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
 from minserve.model.loader import LoadedModel
 from minserve.model.runner import ModelRunner
-from minserve.model.sampler import Sampler
+from minserve.model.sampler import Sampler, is_plain_greedy
 from minserve.outputs import RequestOutput
 from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
@@ -172,7 +172,11 @@ class LLMEngine:
             clock.lap("propose")
         inputs = self.runner.prepare(batch.scheduled)
         clock.lap("prepare")
-        logits = self.runner.forward(inputs)  # [num_sampling, vocab]
+        logits = greedy_ids = None
+        if proposal is None and self._all_plain_greedy(batch):
+            greedy_ids = self.runner.forward_greedy(inputs)  # [num_sampling]: no logits needed
+        else:
+            logits = self.runner.forward(inputs)  # [num_sampling, vocab]
         clock.lap("forward")
         self._record_step(batch)
         sampling = []
@@ -182,7 +186,7 @@ class LLMEngine:
             self._cache_filled_blocks(s.seq)
             if s.seq.num_uncomputed_tokens == 0:
                 sampling.append(s.seq)
-        outputs = self._sample_and_append(sampling, logits, clock, batch, proposal)
+        outputs = self._sample_and_append(sampling, logits, greedy_ids, clock, batch, proposal)
         self.last_timings = clock.timings
         self.timings.add(clock.timings)
         return outputs
@@ -190,7 +194,8 @@ class LLMEngine:
     def _sample_and_append(
         self,
         sampling: list[Sequence],
-        logits: torch.Tensor,
+        logits: torch.Tensor | None,
+        greedy_ids: torch.Tensor | None,
         clock: PhaseClock,
         batch: SchedulerOutput,
         proposal: Proposal | None,
@@ -202,7 +207,9 @@ class LLMEngine:
             rows_of_logits += [i] * len(family)
         rows = [t.sample.sampling_row(self.rules) for t in targets]
         clock.lap("update")
-        if self.speculator is None or proposal is None:
+        if greedy_ids is not None:  # every row plain greedy: the argmax is the sample
+            emitted = zip(targets, greedy_ids[rows_of_logits].tolist(), [None] * len(targets))
+        elif self.speculator is None or proposal is None:
             result = self.sampler(logits[rows_of_logits], rows)
             emitted = zip(targets, result.token_ids, result.logprobs)
         else:  # several tokens per sequence: accepted drafts, then the target's own
@@ -226,6 +233,14 @@ class LLMEngine:
         outputs = [r.to_output() for r in progressed.values()]
         clock.lap("update")
         return outputs
+
+    def _all_plain_greedy(self, batch: SchedulerOutput) -> bool:
+        """Whether every sequence sampling this step just takes the argmax of its logits."""
+        return all(
+            is_plain_greedy(s.seq.sample.sampling_row(self.rules))
+            for s in batch.scheduled
+            if s.seq.num_computed_tokens + s.num_new_tokens == s.seq.num_tokens
+        )
 
     def _record_cache_hit(self, s: ScheduledSeq) -> None:
         """A request's first chunk starts after its cached prefix: that many tokens were hits."""

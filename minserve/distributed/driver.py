@@ -65,8 +65,17 @@ class DriverRunner(ModelRunner):
         self.on_failure = on_failure  # turns a collective's error into a clear one
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        return self._with_workers(super().forward, inputs)
+
+    def forward_greedy(self, inputs: ModelInputs) -> torch.Tensor:
+        return self._with_workers(super().forward_greedy, inputs)
+
+    def _with_workers(
+        self, run: Callable[[ModelInputs], torch.Tensor], inputs: ModelInputs
+    ) -> torch.Tensor:
+        """Send the workers the step, then run our share of it (they run `forward`)."""
         try:
             step_message.send(StepMessage(inputs, self.kv.take_copies()), self.control)
-            return super().forward(inputs)
+            return run(inputs)
         except (RuntimeError, dist.DistError) as e:
             raise self.on_failure(e) from e

@@ -80,3 +80,30 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n, inner), dtype=gate_up.dtype)
     cpu_kernels().silu_mul_f32(out.data_ptr(), rows.data_ptr(), n, inner, rows.stride(0), inner)
     return out if rows is gate_up else out.view(*gate_up.shape[:-1], inner)
+
+
+def bf16_logits(bits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x [B, hidden] fp32 against a bfloat16 head (its raw bits, int16 [vocab, hidden]) ->
+    fp32 logits [B, vocab], summed in fp32 (`bf16_head.c`)."""
+    x = x.contiguous()
+    vocab, hidden = bits.shape
+    out = torch.empty((x.shape[0], vocab), dtype=torch.float32)
+    cpu_kernels().bf16_logits_f32(
+        out.data_ptr(), bits.data_ptr(), x.data_ptr(), vocab, hidden, x.shape[0]
+    )
+    return out
+
+
+def screen_candidates(
+    logits: torch.Tensor, slack: torch.Tensor, x_norm: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Screened logits [B, vocab], per-token slack [vocab], |x| [B] -> (each row's top
+    candidate [B], its number of candidates [B]), int64 (`bf16_head.c`)."""
+    batch, vocab = logits.shape
+    best = torch.empty(batch, dtype=torch.int64)
+    count = torch.empty(batch, dtype=torch.int64)
+    cpu_kernels().screen_candidates_f32(
+        best.data_ptr(), count.data_ptr(), logits.data_ptr(), slack.data_ptr(),
+        x_norm.contiguous().data_ptr(), vocab, batch,
+    )  # fmt: skip
+    return best, count

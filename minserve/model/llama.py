@@ -19,6 +19,7 @@ from torch import nn
 
 from minserve.kernels import cpu_ops
 from minserve.model.config import ModelConfig
+from minserve.model.greedy_head import GreedyScreen, screens
 
 
 class AttentionFn(Protocol):
@@ -218,6 +219,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.greedy_screen: GreedyScreen | None = None  # set by the loader on a CPU
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn
@@ -232,3 +234,10 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> fp32 logits [N, vocab] (only for tokens we sample from)."""
         return self.lm_head(hidden).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> the argmax of each row's fp32 logits [N] (greedy decoding);
+        through the bfloat16 screen of the head where it applies (greedy_head.py)."""
+        if screens(self.greedy_screen, hidden):
+            return self.greedy_screen.tokens(hidden)
+        return self.compute_logits(hidden).argmax(dim=-1)

@@ -12,6 +12,7 @@ from minserve.model.config import ModelConfig
 from minserve.model.default_model import default_model_path
 from minserve.model.fused_projections import fuse_projections
 from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
+from minserve.model.greedy_head import attach_greedy_screen
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
 from minserve.model.linear_choice import tune_plain_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
@@ -115,6 +116,7 @@ def build_model(
     if prepack and can_prepack(device, dtype):
         prepack_linears(net)
         tune_plain_rows(net)  # oneDNN or MKL for a decode's few rows, on this CPU
+        attach_greedy_screen(net)  # greedy rows read the head in bfloat16, exactly
     return net.eval()
 
 

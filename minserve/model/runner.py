@@ -74,9 +74,18 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """The decoder over prepared inputs; logits [num_sampling, vocab]."""
+        return self.model.compute_logits(self.sampled_hidden(inputs))
+
+    @torch.inference_mode()
+    def forward_greedy(self, inputs: ModelInputs) -> torch.Tensor:
+        """The decoder, then each sampling row's greedy token [num_sampling] (no logits)."""
+        return self.model.greedy_tokens(self.sampled_hidden(inputs))
+
+    def sampled_hidden(self, inputs: ModelInputs) -> torch.Tensor:
+        """The decoder's final hidden states at the sampling rows [num_sampling, hidden]."""
         attention: AttentionFn = self.backend(self.kv, inputs.metadata)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)  # [T, hidden]
-        return self.model.compute_logits(hidden[inputs.sample_indices])
+        return hidden[inputs.sample_indices]
 
 
 def _add_drafts(

@@ -233,6 +233,21 @@ def draw_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [rows]
 
 
+def is_plain_greedy(row: SamplingRow) -> bool:
+    """Whether the sampler would answer this row with the plain argmax of its logits: greedy,
+    no logprobs, no penalties, and no stop tokens to forbid yet (min_tokens)."""
+    params = row.params
+    return (
+        params.greedy
+        and params.logprobs is None
+        and not _has_penalties(params)
+        and not (
+            len(row.output_token_ids) < params.min_tokens
+            and (row.eos_token_ids or params.stop_token_ids)
+        )
+    )
+
+
 def _has_penalties(params: SamplingParams) -> bool:
     return (
         params.repetition_penalty != 1
