@@ -3,6 +3,8 @@
     batch  = scheduler.schedule()          # who runs, how many tokens each (chunked prefill)
     logits = runner.run(batch)             # decoder + paged attention over the KV pool
     tokens = sampler(logits, rows)         # one token per sequence that finished its tokens
+                                           # (all plain greedy: runner.forward_greedy gives
+                                           # the tokens, exact, through the head's bf16 screen)
     append, stop, free                     # Sample.append applies the stop rules
 
 `LLM` drives it to completion; the server (a later chapter) drives it step by step and

@@ -1,8 +1,9 @@
 """A failing engine step fails only the requests it ran, and the server keeps serving.
 
-Failures are injected into the model runner's forward (what a kernel error or an out-of-memory
-would raise). Oracles: `LLM.generate` on the same weights for the requests that go on, and
-the invariant that every KV block is free once the server is idle.
+Failures are injected into the model runner's decoder pass, `sampled_hidden`, under both
+`forward` and `forward_greedy` (what a kernel error or an out-of-memory would raise).
+Oracles: `LLM.generate` on the same weights for the requests that go on, and the invariant
+that every KV block is free once the server is idle.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ LONG = {"model": MODEL, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
 
 
 class FailingForward:
-    """Wraps `runner.forward`: raises once when `trigger()` is set, slows every step a bit."""
+    """Wraps `runner.sampled_hidden`: raises once when `trigger()` is set, slows every step."""
 
     def __init__(self, forward, delay_s: float = 0.0) -> None:
         self.forward, self.delay_s = forward, delay_s
@@ -54,8 +55,8 @@ def oracle(llm: LLM) -> LLM:
 @pytest.fixture
 def live(llm: LLM, monkeypatch) -> Iterator[tuple[BackgroundServer, FailingForward]]:
     """A fresh server (one seat: a second request waits) whose forward can be made to fail."""
-    failing = FailingForward(llm.engine.runner.forward, delay_s=0.003)
-    monkeypatch.setattr(llm.engine.runner, "forward", failing)
+    failing = FailingForward(llm.engine.runner.sampled_hidden, delay_s=0.003)
+    monkeypatch.setattr(llm.engine.runner, "sampled_hidden", failing)
     background = BackgroundServer(build_server(llm, ServerConfig(MODEL)))
     background.start()
     yield background, failing

@@ -1,0 +1,153 @@
+"""Greedy decoding through the bfloat16 screen of the output head, against the fp32 head.
+
+    .venv/bin/python benchmarks/greedy_head.py [--batches 1,2,3,4] [--steps 120]
+
+1. The head alone, SmolLM2's (49152 x 576), cold (a 400 MB read in between evicts it, as a
+   decode step's other weights do): the model's own head (PackedLinear: F.linear for up to
+   `plain_rows` rows, oneDNN above) + argmax against `GreedyScreen.tokens`,
+   alternating, median milliseconds; the tokens must agree.
+2. Whole engine decode steps of the bundled SmolLM2 (fp32, greedy, prompts of 128 tokens):
+   one engine, its model's screen switched on and off for alternate steps, so that the
+   machine's drift favours neither; the tokens of the two kinds of step must agree with a
+   second engine that never uses the screen. Writes greedy_head.json and greedy_head.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from minserve.bench.run_env import RunRecord
+from minserve.llm import LLM
+from minserve.model.greedy_head import GreedyScreen
+from minserve.sampling_params import SamplingParams
+
+HERE = Path(__file__).parent
+PROMPT_LEN = 128
+
+
+def head_alone(lm_head: torch.nn.Module, screen: GreedyScreen, batches: list[int]) -> list[dict]:
+    """Median ms of the model's own head + argmax and of the screen, cold, per batch size."""
+    flush = torch.empty(100 * 2**20).normal_()  # 400 MB: more than the head, less than RAM
+    dense = {"dense": lambda x: lm_head(x).argmax(dim=1), "screen": screen.tokens}
+    rows = []
+    for batch in batches:
+        x = torch.empty(batch, screen.weight.shape[1]).normal_(std=3.0)
+        if not torch.equal(dense["screen"](x), dense["dense"](x)):
+            raise AssertionError(f"screen and dense head disagree at batch {batch}")
+        times: dict[str, list[float]] = {name: [] for name in dense}
+        for _ in range(15):
+            for name, run in dense.items():
+                flush.sum()
+                start = time.perf_counter()
+                run(x)
+                times[name].append((time.perf_counter() - start) * 1e3)
+        row = {"batch": batch}
+        row.update({f"{n}_ms": round(statistics.median(t), 2) for n, t in times.items()})
+        row["speedup"] = round(row["dense_ms"] / row["screen_ms"], 2)
+        rows.append(row)
+    return rows
+
+
+def engine_steps(batch: int, steps: int, base: LLM) -> dict:
+    """p10 / p50 decode step times with the screen on and off, alternating steps."""
+    model = base.engine.runner.model
+    screen = model.greedy_screen
+    engines = {"ab": LLM(base.loaded).engine, "dense": LLM(base.loaded).engine}
+    params = SamplingParams(max_tokens=steps + 10, temperature=0.0, ignore_eos=True)
+    gen = torch.Generator().manual_seed(batch)
+    prompts = [
+        torch.randint(100, 40000, (PROMPT_LEN,), generator=gen).tolist() for _ in range(batch)
+    ]
+
+    def step(name: str, use_screen: bool) -> list[int]:
+        model.greedy_screen = screen if use_screen else None
+        return [o.outputs[0].token_ids[-1] for o in engines[name].step()]
+
+    for name, engine in engines.items():
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"{name}-{i}", None, prompt, params)
+        for _ in range(3):
+            step(name, False)
+    times: dict[str, list[float]] = {"screen": [], "dense": []}
+    same = True
+    for i in tqdm(range(steps), desc=f"engine steps, batch {batch}", leave=False):
+        use_screen = i % 2 == 0
+        start = time.perf_counter()
+        emitted = step("ab", use_screen)
+        times["screen" if use_screen else "dense"].append((time.perf_counter() - start) * 1e3)
+        same &= emitted == step("dense", False)
+    model.greedy_screen = screen
+    row = {"batch": batch, "steps": steps, "same_tokens": same}
+    for name, ms in times.items():
+        ms.sort()
+        row[f"{name}_p10_ms"] = round(ms[len(ms) // 10], 2)
+        row[f"{name}_p50_ms"] = round(ms[len(ms) // 2], 2)
+    row["speedup_p50"] = round(row["dense_p50_ms"] / row["screen_p50_ms"], 3)
+    return row
+
+
+def write(head: list[dict], steps: list[dict], run: RunRecord) -> None:
+    record = {"command": run.command, "date": run.date, "machine": run.machine,
+              "head_alone": head, "engine_steps": steps}  # fmt: skip
+    (HERE / "greedy_head.json").write_text(json.dumps(record, indent=2) + "\n")
+    lines = [
+        "# Greedy decoding through the bfloat16 screen of the head (CPU, fp32)",
+        "",
+        f"- command: `{run.command}`",
+        f"- date: {run.date}",
+        run.load_line(),
+        "",
+        "SmolLM2's head alone (49152 x 576; the model's own fp32 head, as the engine runs it), "
+        "cold, median ms (same tokens checked). The hidden states are random (std 3): their "
+        "logits lie closer together than a trained model's, so more rows need the fp32 re-check "
+        "than in the engine steps below.",
+        "",
+        "| batch | fp32 head + argmax | screen | speed-up |",
+        "|---|---|---|---|",
+        *(f"| {r['batch']} | {r['dense_ms']} | {r['screen_ms']} | {r['speedup']}x |" for r in head),
+        "",
+        "Engine decode steps, bundled SmolLM2-135M fp32, greedy, prompts of 128 tokens, the "
+        "screen on and off for alternate steps of one engine (ms):",
+        "",
+        "| batch | fp32 head p10 | p50 | screen p10 | p50 | speed-up (p50) | same tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in steps:
+        lines.append(
+            f"| {r['batch']} | {r['dense_p10_ms']} | {r['dense_p50_ms']} | {r['screen_p10_ms']} | "
+            f"{r['screen_p50_ms']} | {r['speedup_p50']}x | {r['same_tokens']} |"
+        )
+    (HERE / "greedy_head.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,2,3,4")
+    parser.add_argument("--steps", type=int, default=120)
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    command = shlex.join([".venv/bin/python", "benchmarks/greedy_head.py", *sys.argv[1:]])
+    run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
+    base = LLM()
+    if base.engine.runner.model.greedy_screen is None:
+        raise SystemExit("no greedy screen on this model (needs fp32 on a CPU with the C kernels)")
+    model = base.engine.runner.model
+    with torch.inference_mode():
+        head = head_alone(model.lm_head, model.greedy_screen, batches)
+    steps = [engine_steps(b, args.steps, base) for b in batches]
+    run.finish()
+    write(head, steps, run)
+    print((HERE / "greedy_head.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
