@@ -20,6 +20,8 @@ with transformers (tests/test_model_parity.py) runs through this path.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -60,7 +62,10 @@ class GreedyScreen:
 
 
 def attach_greedy_screen(model: torch.nn.Module) -> GreedyScreen | None:
-    """Give `model` (a CausalLM) a screen of its fp32 CPU head; None where none applies."""
+    """Give `model` (a CausalLM) a screen of its fp32 CPU head; None where none applies,
+    or where `MINSERVE_GREEDY_SCREEN=0` turns it off (to compare)."""
+    if os.environ.get("MINSERVE_GREEDY_SCREEN", "1") == "0":
+        return None
     weight = getattr(model.lm_head, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return None
