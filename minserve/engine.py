@@ -207,11 +207,11 @@ class LLMEngine:
             family = [seq, *self._fork(seq)] if seq.unforked else [seq]
             targets += family
             rows_of_logits += [i] * len(family)
-        rows = [t.sample.sampling_row(self.rules) for t in targets]
         clock.lap("update")
         if greedy_ids is not None:  # every row plain greedy: the argmax is the sample
             emitted = zip(targets, greedy_ids[rows_of_logits].tolist(), [None] * len(targets))
         elif self.speculator is None or proposal is None:
+            rows = [t.sample.sampling_row(self.rules) for t in targets]
             result = self.sampler(logits[rows_of_logits], rows)
             emitted = zip(targets, result.token_ids, result.logprobs)
         else:  # several tokens per sequence: accepted drafts, then the target's own

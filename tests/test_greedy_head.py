@@ -35,10 +35,11 @@ def test_screen_logits_equal_torch_on_the_bf16_weights(batch: int, hidden: int) 
 def test_candidates_follow_the_rule_written_in_torch() -> None:
     logits = randn(3, 5000, scale=0.3)
     slack, x_norm = randn(5000).abs() * 1e-3, torch.tensor([10.0, 50.0, 200.0])
-    best, count = cpu_ops.screen_candidates(logits, slack, x_norm)
+    best, count, is_candidate = cpu_ops.screen_candidates(logits, slack, x_norm)
     margin = slack * x_norm[:, None] + 2**-20 * (logits.abs() + 1)
     upper = logits + margin
     floor = (logits - margin).amax(dim=1, keepdim=True)
+    assert is_candidate.equal(upper >= floor)
     assert count.tolist() == (upper >= floor).sum(dim=1).tolist()
     assert best.tolist() == upper.argmax(dim=1).tolist()
     assert count.tolist()[0] < count.tolist()[2]  # wider margins, more candidates

@@ -156,24 +156,28 @@ void bf16_logits_f32(float *out, const uint16_t *w, const float *x, int64_t rows
 /* Which tokens could still be row b's fp32 argmax, from the screened logits [batch, rows]:
  * margin_r = slack[r] * x_norm[b] + 2^-20 (|logit_r| + 1) (the second term covers this
  * function's own fp32 rounding), floor = max_r (logit_r - margin_r), and a candidate is any
- * r with logit_r + margin_r >= floor. Writes each row's number of candidates and the first
- * r with the largest logit_r + margin_r, which is the answer wherever it is the only one. */
-void screen_candidates_f32(int64_t *best, int64_t *count, const float *logits,
-                           const float *slack, const float *x_norm, int64_t rows,
-                           int64_t batch) {
+ * r with logit_r + margin_r >= floor (is_candidate[b, r] = 1). Writes each row's number of
+ * candidates and the first r with the largest logit_r + margin_r, which is the answer
+ * wherever it is the only one. */
+static inline float margin(float logit, float slack, float scale) {
+    return slack * scale + 0x1p-20f * (fabsf(logit) + 1.0f);
+}
+
+void screen_candidates_f32(int64_t *best, int64_t *count, uint8_t *is_candidate,
+                           const float *logits, const float *slack, const float *x_norm,
+                           int64_t rows, int64_t batch) {
     for (int64_t b = 0; b < batch; b++) {
         const float *a = logits + b * rows;
+        uint8_t *mark = is_candidate + b * rows;
         const float scale = x_norm[b];
         float floor = -INFINITY;
-        for (int64_t r = 0; r < rows; r++) {
-            const float m = slack[r] * scale + 0x1p-20f * (fabsf(a[r]) + 1.0f);
-            floor = fmaxf(floor, a[r] - m);
-        }
+        for (int64_t r = 0; r < rows; r++) floor = fmaxf(floor, a[r] - margin(a[r], slack[r], scale));
         int64_t n = 0, top = 0;
         float top_upper = -INFINITY;
         for (int64_t r = 0; r < rows; r++) {
-            const float upper = a[r] + slack[r] * scale + 0x1p-20f * (fabsf(a[r]) + 1.0f);
-            n += upper >= floor;
+            const float upper = a[r] + margin(a[r], slack[r], scale);
+            mark[r] = upper >= floor;
+            n += mark[r];
             if (upper > top_upper) top_upper = upper, top = r;
         }
         best[b] = top, count[b] = n;

@@ -96,14 +96,16 @@ def bf16_logits(bits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def screen_candidates(
     logits: torch.Tensor, slack: torch.Tensor, x_norm: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Screened logits [B, vocab], per-token slack [vocab], |x| [B] -> (each row's top
-    candidate [B], its number of candidates [B]), int64 (`bf16_head.c`)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Screened logits [B, vocab], per-token slack [vocab], |x| [B] -> each row's top
+    candidate [B] and number of candidates [B] (int64), and which tokens are candidates
+    [B, vocab] (bool) (`bf16_head.c`)."""
     batch, vocab = logits.shape
     best = torch.empty(batch, dtype=torch.int64)
     count = torch.empty(batch, dtype=torch.int64)
+    is_candidate = torch.empty((batch, vocab), dtype=torch.bool)  # one byte each, as in C
     cpu_kernels().screen_candidates_f32(
-        best.data_ptr(), count.data_ptr(), logits.data_ptr(), slack.data_ptr(),
-        x_norm.contiguous().data_ptr(), vocab, batch,
+        best.data_ptr(), count.data_ptr(), is_candidate.data_ptr(), logits.data_ptr(),
+        slack.data_ptr(), x_norm.contiguous().data_ptr(), vocab, batch,
     )  # fmt: skip
-    return best, count
+    return best, count, is_candidate

@@ -48,17 +48,12 @@ class GreedyScreen:
         """hidden [B, hidden] fp32 -> the argmax of its fp32 logits [B] (int64)."""
         approx = cpu_ops.bf16_logits(self.bits, hidden)  # [B, vocab]
         x_norm = hidden.norm(dim=1) * (1 + 2**-16)  # [B]; rounded up
-        tokens, counts = cpu_ops.screen_candidates(approx, self.slack, x_norm)  # [B] each
+        tokens, counts, is_candidate = cpu_ops.screen_candidates(approx, self.slack, x_norm)
         for b in (counts > 1).nonzero().flatten().tolist():  # rare: re-check in fp32
-            tokens[b] = self._exact_argmax(hidden[b], approx[b], x_norm[b])
+            ids = is_candidate[b].nonzero().flatten()  # ascending: ties go to the lowest id
+            exact = F.linear(hidden[b : b + 1], self.weight[ids])  # [1, k] fp32 logits
+            tokens[b] = ids[exact.argmax()]
         return tokens
-
-    def _exact_argmax(self, x: torch.Tensor, approx: torch.Tensor, x_norm: torch.Tensor) -> int:
-        """Among one row's candidates, the largest fp32 logit (the lowest id on a tie)."""
-        margin = self.slack * x_norm + 2**-20 * (approx.abs() + 1)  # [vocab], as in C
-        ids = (approx + margin >= (approx - margin).max()).nonzero().flatten()  # ascending
-        exact = F.linear(x.unsqueeze(0), self.weight[ids])  # [1, k] fp32 logits
-        return int(ids[exact.argmax()])
 
 
 def attach_greedy_screen(model: torch.nn.Module) -> GreedyScreen | None:
