@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/greedy_head.py [--batches 1,2,3,4] [--steps 120]
 
 1. The head alone, SmolLM2's (49152 x 576), cold (a 400 MB read in between evicts it, as a
-   decode step's other weights do): the model's own head (PackedLinear: F.linear for up to
-   `plain_rows` rows, oneDNN above) + argmax against `GreedyScreen.tokens`,
+   decode step's other weights do): the model's own head (PackedLinear: the few-row kernel
+   up to `kernel_rows` rows, oneDNN above) + argmax against `GreedyScreen.tokens`,
    alternating, median milliseconds; the tokens must agree.
 2. Whole engine decode steps of the bundled SmolLM2 (fp32, greedy, prompts of 128 tokens):
    one engine, its model's screen switched on and off for alternate steps, so that the
@@ -23,15 +23,13 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
+from minserve.bench.ab_steps import ab_decode_steps
 from minserve.bench.run_env import RunRecord
 from minserve.llm import LLM
 from minserve.model.greedy_head import GreedyScreen
-from minserve.sampling_params import SamplingParams
 
 HERE = Path(__file__).parent
-PROMPT_LEN = 128
 
 
 def head_alone(lm_head: torch.nn.Module, screen: GreedyScreen, batches: list[int]) -> list[dict]:
@@ -61,38 +59,11 @@ def engine_steps(batch: int, steps: int, base: LLM) -> dict:
     """p10 / p50 decode step times with the screen on and off, alternating steps."""
     model = base.engine.runner.model
     screen = model.greedy_screen
-    engines = {"ab": LLM(base.loaded).engine, "dense": LLM(base.loaded).engine}
-    params = SamplingParams(max_tokens=steps + 10, temperature=0.0, ignore_eos=True)
-    gen = torch.Generator().manual_seed(batch)
-    prompts = [
-        torch.randint(100, 40000, (PROMPT_LEN,), generator=gen).tolist() for _ in range(batch)
-    ]
 
-    def step(name: str, use_screen: bool) -> list[int]:
-        model.greedy_screen = screen if use_screen else None
-        return [o.outputs[0].token_ids[-1] for o in engines[name].step()]
+    def switch(on: bool) -> None:
+        model.greedy_screen = screen if on else None
 
-    for name, engine in engines.items():
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"{name}-{i}", None, prompt, params)
-        for _ in range(3):
-            step(name, False)
-    times: dict[str, list[float]] = {"screen": [], "dense": []}
-    same = True
-    for i in tqdm(range(steps), desc=f"engine steps, batch {batch}", leave=False):
-        use_screen = i % 2 == 0
-        start = time.perf_counter()
-        emitted = step("ab", use_screen)
-        times["screen" if use_screen else "dense"].append((time.perf_counter() - start) * 1e3)
-        same &= emitted == step("dense", False)
-    model.greedy_screen = screen
-    row = {"batch": batch, "steps": steps, "same_tokens": same}
-    for name, ms in times.items():
-        ms.sort()
-        row[f"{name}_p10_ms"] = round(ms[len(ms) // 10], 2)
-        row[f"{name}_p50_ms"] = round(ms[len(ms) // 2], 2)
-    row["speedup_p50"] = round(row["dense_p50_ms"] / row["screen_p50_ms"], 3)
-    return row
+    return ab_decode_steps(base, batch, steps, switch, names=("screen", "dense"))
 
 
 def write(head: list[dict], steps: list[dict], run: RunRecord) -> None:

@@ -1,4 +1,4 @@
-"""The choice between oneDNN and MKL for a decode's few rows (`linear_choice.py`)."""
+"""The choice between oneDNN and the few-row C kernel for a decode's rows (`linear_choice.py`)."""
 
 from __future__ import annotations
 
@@ -7,26 +7,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minserve.kernels import cpu_ops
+from minserve.kernels.build import cpu_kernels
 from minserve.model import linear_choice
-from minserve.model.linear_choice import choose_plain_rows, tune_plain_rows
+from minserve.model.linear_choice import choose_kernel_rows, tune_kernel_rows
 from minserve.model.packed_linear import PackedLinear, can_prepack
 
 pytestmark = pytest.mark.skipif(
-    not can_prepack(torch.device("cpu"), torch.float32), reason="oneDNN is not available"
+    not can_prepack(torch.device("cpu"), torch.float32) or cpu_kernels() is None,
+    reason="oneDNN or the C kernels are not available",
 )
 
 
 @pytest.mark.parametrize(
     ("times", "expected"),
     [
-        ({1: (1.0, 0.8), 2: (1.0, 0.9), 3: (1.0, 1.2)}, 2),
-        ({1: (1.0, 0.97), 2: (1.0, 0.5)}, 0),  # within the margin at 1 row: never
-        ({1: (1.0, 0.5), 2: (1.0, 0.5), 3: (1.0, 0.5)}, 3),
-        ({1: (1.0, 1.5), 2: (1.0, 0.5)}, 0),  # a loss stops the count, later wins ignored
+        ({1: (1.0, 0.8), 4: (1.0, 0.9), 8: (1.0, 1.2)}, 4),
+        ({1: (1.0, 0.97), 4: (1.0, 0.5)}, 0),  # within the margin at 1 row: never
+        ({1: (1.0, 0.5), 4: (1.0, 0.5), 16: (1.0, 0.5)}, 16),
+        ({1: (1.0, 1.5), 4: (1.0, 0.5)}, 0),  # a loss stops the count, later wins ignored
     ],
 )
-def test_plain_rows_are_the_longest_run_of_clear_wins(times, expected) -> None:
-    assert choose_plain_rows(times) == expected
+def test_kernel_rows_are_the_longest_run_of_clear_wins(times, expected) -> None:
+    assert choose_kernel_rows(times) == expected
 
 
 def stack() -> nn.Sequential:
@@ -34,10 +37,10 @@ def stack() -> nn.Sequential:
     return nn.Sequential(*(PackedLinear(nn.Linear(64, 64)) for _ in range(3)))
 
 
-@pytest.mark.parametrize("plain_rows", [0, 2])
-def test_either_path_computes_the_same_linear(plain_rows: int) -> None:
+@pytest.mark.parametrize("kernel_rows", [0, 2])
+def test_either_path_computes_the_same_linear(kernel_rows: int) -> None:
     layer = stack()[0]
-    layer.plain_rows = plain_rows
+    layer.kernel_rows = kernel_rows
     for rows in (1, 2, 3, 5):
         x = torch.randn(rows, 64)
         with torch.inference_mode():
@@ -45,38 +48,77 @@ def test_either_path_computes_the_same_linear(plain_rows: int) -> None:
         torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
-def test_rows_up_to_plain_rows_take_f_linear(monkeypatch) -> None:
+def test_rows_up_to_kernel_rows_take_the_kernel(monkeypatch) -> None:
     layer = stack()[0]
-    layer.plain_rows = 2
+    layer.kernel_rows = 2
     calls = []
-    real = F.linear
-    monkeypatch.setattr(F, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    real = cpu_ops.linear_rows
+    count = lambda x, *args: calls.append(x.shape[0]) or real(x, *args)  # noqa: E731
+    monkeypatch.setattr(cpu_ops, "linear_rows", count)
     with torch.inference_mode():
         for rows in (1, 2, 3):
             layer(torch.randn(rows, 64))
+        with cpu_ops.torch_only():  # the kernels switched off: oneDNN for every row count
+            layer(torch.randn(1, 64))
     assert calls == [1, 2]
 
 
+def test_a_3d_input_keeps_its_shape_through_the_kernel() -> None:
+    layer = stack()[0]
+    layer.kernel_rows = 16
+    x = torch.randn(2, 3, 64)
+    with torch.inference_mode():
+        out = layer(x)
+    assert out.shape == (2, 3, 64)
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
 def test_tuning_measures_once_per_process_and_sets_every_layer(monkeypatch) -> None:
-    monkeypatch.delenv("MINSERVE_PLAIN_ROWS", raising=False)
+    monkeypatch.delenv("MINSERVE_KERNEL_ROWS", raising=False)
     monkeypatch.setattr(linear_choice, "_chosen", {})
     measured = []
     monkeypatch.setattr(
         linear_choice, "measure", lambda linears, rows: measured.append(rows) or (1.0, 0.5)
     )
     first, second = stack(), stack()
-    assert tune_plain_rows(first) == 3 and tune_plain_rows(second) == 3
-    assert measured == [1, 2, 3]  # the second model of the same shapes reuses the answer
-    assert all(m.plain_rows == 3 for m in [*first, *second])
+    shape = (64, 64, torch.float32, True)
+    assert tune_kernel_rows(first) == {shape: 16} and tune_kernel_rows(second) == {shape: 16}
+    assert measured == [1, 4, 8, 12, 16]  # the second model of the same shapes reuses it
+    assert all(m.kernel_rows == 16 for m in [*first, *second])
+
+
+def test_each_layer_shape_is_measured_apart(monkeypatch) -> None:
+    monkeypatch.delenv("MINSERVE_KERNEL_ROWS", raising=False)
+    monkeypatch.setattr(linear_choice, "_chosen", {})
+    # the kernel wins on the wide layer at every row count, on the narrow one only at 1 row
+    monkeypatch.setattr(
+        linear_choice,
+        "measure",
+        lambda linears, rows: (1.0, 0.5 if linears[0].out_features == 96 or rows == 1 else 2.0),
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(PackedLinear(nn.Linear(64, 96)), PackedLinear(nn.Linear(96, 64)))
+    tune_kernel_rows(model)
+    assert [m.kernel_rows for m in model] == [16, 1]
+
+
+def test_bfloat16_layers_stay_on_onednn(monkeypatch) -> None:
+    monkeypatch.setattr(linear_choice, "_chosen", {})
+    monkeypatch.setattr(linear_choice, "measure", lambda linears, rows: pytest.fail("measured"))
+    if not can_prepack(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("this CPU has no oneDNN bfloat16 path")
+    layer = PackedLinear(nn.Linear(64, 64).to(torch.bfloat16))
+    assert tune_kernel_rows(layer) == {(64, 64, torch.bfloat16, True): 0}
 
 
 def test_the_environment_can_fix_the_choice(monkeypatch) -> None:
-    monkeypatch.setenv("MINSERVE_PLAIN_ROWS", "1")
+    monkeypatch.setenv("MINSERVE_KERNEL_ROWS", "1")
     monkeypatch.setattr(linear_choice, "_chosen", {})
     model = stack()
-    assert tune_plain_rows(model) == 1 and all(m.plain_rows == 1 for m in model)
+    assert tune_kernel_rows(model) == {(64, 64, torch.float32, True): 1}
+    assert all(m.kernel_rows == 1 for m in model)
 
 
 def test_measure_times_both_paths_on_real_layers() -> None:
-    packed, plain = linear_choice.measure(list(stack()), rows=2, passes=2)
-    assert packed > 0 and plain > 0
+    packed, kernel = linear_choice.measure(list(stack()), rows=2, passes=2)
+    assert packed > 0 and kernel > 0

@@ -82,6 +82,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out if rows is gate_up else out.view(*gate_up.shape[:-1], inner)
 
 
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A few rows through a linear layer: x [N, in] . weight [out, in]^T (+ bias [out]) ->
+    [N, out], fp32, the weight streamed once (`linear_rows.c`)."""
+    x = x.contiguous()
+    num_rows, out_features = x.shape[0], weight.shape[0]
+    out = torch.empty((num_rows, out_features), dtype=torch.float32)
+    cpu_kernels().linear_rows_f32(
+        out.data_ptr(), x.data_ptr(), weight.data_ptr(),
+        None if bias is None else bias.data_ptr(), num_rows, out_features, weight.shape[1],
+    )  # fmt: skip
+    return out
+
+
 def bf16_logits(bits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x [B, hidden] fp32 against a bfloat16 head (its raw bits, int16 [vocab, hidden]) ->
     fp32 logits [B, vocab], summed in fp32 (`bf16_head.c`)."""

@@ -1,11 +1,13 @@
-"""Which GEMM a decode step's few rows should use: measured once per process, on this CPU.
+"""Which kernel a decode step's few rows should use: measured once per process, on this CPU.
 
-`PackedLinear` runs oneDNN on a prepacked weight, which wins from four rows up everywhere
-we measured. For one to three rows it depends on the CPU: on an Intel Xeon here MKL's
-`F.linear` streamed the row-major weight 10-13% faster per decode step, on an AMD EPYC
-oneDNN was faster at every row count (`benchmarks/packed_linear.md`). So the loader times
-both on the model's own linears, a few passes each, taking turns, and sets
-`PackedLinear.plain_rows` to the largest row count at which `F.linear` won clearly.
+`PackedLinear` runs oneDNN on a prepacked weight, the right choice for a prefill's hundreds
+of rows. For a decode's few rows the product is memory-bound, and the few-row C kernel
+(`kernels/linear_rows.c`), which streams the row-major weight, was faster on the Xeon we
+measured: 1.1-1.3x per pass over SmolLM2's layers at 1 to 12 rows, even at 16 rows, and
+beating MKL's `F.linear` at 1 to 3 rows as well (`benchmarks/linear_rows.md`). Where it
+stops winning depends on the CPU and on the layer's shape. So the loader times both on the
+model's own linears, each shape apart, a few passes each, taking turns, and sets
+`PackedLinear.kernel_rows` to the largest row count up to which the kernel won clearly.
 
 The answer is cached per process (by the layers' shapes and torch's threads), so every
 model loaded in one process makes the same choice and gives the same tokens.
@@ -16,26 +18,30 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from minserve.kernels import cpu_ops
 from minserve.model.packed_linear import PackedLinear
 
-CANDIDATE_ROWS = (1, 2, 3)  # MKL switches to a GEMM kernel from 4 rows, and loses there
-MARGIN = 0.95  # F.linear must take at most 95% of oneDNN's time: noise does not flip it
-PASSES = 5
+# decode batch sizes measured; the rows between two take the lower one's verdict
+CANDIDATE_ROWS = (1, 4, 8, 12, 16)
+MARGIN = 0.95  # the kernel must take at most 95% of oneDNN's time: noise does not flip it
+PASSES = 3  # about 1.5 s for SmolLM2 in all
+
+Shape = tuple[int, int, torch.dtype, bool]  # in, out, dtype, has a bias
 
 
-def choose_plain_rows(times: dict[int, tuple[float, float]], margin: float = MARGIN) -> int:
-    """times {rows: (oneDNN seconds, F.linear seconds)} -> the largest row count up to
-    which F.linear won at every row count by the margin (0: never)."""
+def choose_kernel_rows(times: dict[int, tuple[float, float]], margin: float = MARGIN) -> int:
+    """times {rows: (oneDNN seconds, kernel seconds)} -> the largest row count up to which
+    the kernel won at every measured row count by the margin (0: never)."""
     chosen = 0
     for rows in sorted(times):
-        packed, plain = times[rows]
-        if plain > margin * packed:
+        packed, kernel = times[rows]
+        if kernel > margin * packed:
             break
         chosen = rows
     return chosen
@@ -48,39 +54,53 @@ def time_pass(fn: Callable[[], object]) -> float:
 
 
 def measure(linears: list[PackedLinear], rows: int, passes: int = PASSES) -> tuple[float, float]:
-    """Median seconds of one pass over every layer: (oneDNN packed, F.linear), taking turns."""
+    """Median seconds of one pass over the layers: (oneDNN packed, few-row kernel), in turns."""
     xs = [torch.randn(rows, layer.in_features, dtype=layer.weight.dtype) for layer in linears]
 
     def packed() -> None:
         for layer, x in zip(linears, xs):
             torch.ops.mkldnn._linear_pointwise(x, layer.packed, layer._bias, "none", [], "")
 
-    def plain() -> None:
+    def kernel() -> None:
         for layer, x in zip(linears, xs):
-            F.linear(x, layer.weight, layer.bias)
+            cpu_ops.linear_rows(x, layer._weight, layer._bias)
 
-    packed(), plain()  # warm: oneDNN builds its kernel for this row count
-    samples = [(time_pass(packed), time_pass(plain)) for _ in range(passes)]
-    return statistics.median(p for p, _ in samples), statistics.median(q for _, q in samples)
+    packed(), kernel()  # warm: oneDNN builds its kernel for this row count
+    samples = [(time_pass(packed), time_pass(kernel)) for _ in range(passes)]
+    return statistics.median(p for p, _ in samples), statistics.median(k for _, k in samples)
+
+
+def shape_of(layer: PackedLinear) -> Shape:
+    return layer.in_features, layer.out_features, layer.weight.dtype, layer.bias is not None
+
+
+def kernel_applies(layer: PackedLinear) -> bool:
+    """fp32 weights with the C kernels built (`cpu_ops.applies`)."""
+    return cpu_ops.applies(layer._weight)
 
 
 _chosen: dict[tuple, int] = {}  # per process: every model of these shapes chooses alike
 
 
-def tune_plain_rows(model: nn.Module) -> int:
-    """Set `plain_rows` on every `PackedLinear` in `model`: measured once per process and
-    set of layer shapes, or taken from $MINSERVE_PLAIN_ROWS where that is set."""
-    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    if not linears:
-        return 0
-    shapes = tuple((m.in_features, m.out_features, m.weight.dtype) for m in linears)
-    key = (shapes, torch.get_num_threads())
-    if "MINSERVE_PLAIN_ROWS" in os.environ:
-        _chosen[key] = int(os.environ["MINSERVE_PLAIN_ROWS"])
-    elif key not in _chosen:
-        with torch.inference_mode():
-            timed = {rows: measure(linears, rows) for rows in CANDIDATE_ROWS}
-        _chosen[key] = choose_plain_rows(timed)
-    for m in linears:
-        m.plain_rows = _chosen[key]
-    return _chosen[key]
+def tune_kernel_rows(model: nn.Module) -> dict[Shape, int]:
+    """Set `kernel_rows` on every `PackedLinear` in `model`, per layer shape: measured once
+    per process, shape and thread count, or taken from $MINSERVE_KERNEL_ROWS where set."""
+    groups: dict[Shape, list[PackedLinear]] = defaultdict(list)
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            groups[shape_of(m)].append(m)
+    chosen = {}
+    for shape, linears in groups.items():
+        key = (shape, torch.get_num_threads())
+        if not kernel_applies(linears[0]):
+            _chosen[key] = 0
+        elif "MINSERVE_KERNEL_ROWS" in os.environ:
+            _chosen[key] = int(os.environ["MINSERVE_KERNEL_ROWS"])
+        elif key not in _chosen:
+            with torch.inference_mode():
+                timed = {rows: measure(linears, rows) for rows in CANDIDATE_ROWS}
+            _chosen[key] = choose_kernel_rows(timed)
+        for m in linears:
+            m.kernel_rows = _chosen[key]
+        chosen[shape] = _chosen[key]
+    return chosen

@@ -14,7 +14,7 @@ from minserve.model.fused_projections import fuse_projections
 from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
 from minserve.model.greedy_head import attach_greedy_screen
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
-from minserve.model.linear_choice import tune_plain_rows
+from minserve.model.linear_choice import tune_kernel_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
 from minserve.model.packed_linear import can_prepack, prepack_linears
 from minserve.model.tokenizer import Tokenizer
@@ -115,7 +115,7 @@ def build_model(
         fuse_projections(net)
     if prepack and can_prepack(device, dtype):
         prepack_linears(net)
-        tune_plain_rows(net)  # oneDNN or MKL for a decode's few rows, on this CPU
+        tune_kernel_rows(net)  # oneDNN or the few-row C kernel for a decode, on this CPU
         attach_greedy_screen(net)  # greedy rows read the head in bfloat16, exactly
     return net.eval()
 

@@ -13,7 +13,12 @@ SmolLM2's 121 linears. Row counts above 32 are therefore padded up to one of 16 
 doubling (at most 1/16 more rows), so a server meets few distinct shapes and keeps each
 kernel in oneDNN's cache.
 
-`benchmarks/packed_linear.md` has the speed-ups measured on this machine.
+A decode step's few rows are another matter: there the product is memory-bound, and a
+plain C loop that streams the row-major weight (`kernels/linear_rows.c`) beat both oneDNN and
+MKL on the Xeon we measured. `kernel_rows` says up to how many rows it takes over; the
+loader measures that per layer shape on the machine (`linear_choice.py`).
+
+`benchmarks/packed_linear.md` and `benchmarks/linear_rows.md` have the speed-ups measured.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from minserve.kernels import cpu_ops
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -40,11 +47,11 @@ class PackedLinear(nn.Module):
 
     `weight` and `bias` stay as they were (a tied embedding shares the weight, and
     `state_dict()` still names it); `packed` is the reordered copy the forward reads.
-    Inputs of at most `plain_rows` rows go to `F.linear` on `weight` instead: on some CPUs
-    MKL's path for one to three rows streams the weight faster (`linear_choice.py` measures).
+    Inputs of at most `kernel_rows` rows (fp32) go to the few-row C kernel on `weight`
+    instead (`cpu_ops.linear_rows`; `linear_choice.py` measures where it wins).
     """
 
-    plain_rows: int = 0
+    kernel_rows: int = 0
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -53,14 +60,16 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.register_buffer("packed", packed, persistent=False)
-        # detached once here, not on every call (the same storage as `bias`)
+        # detached once here, not on every call (the same storage as `weight` and `bias`)
+        self._weight = linear.weight.detach().contiguous()  # [out, in], row-major
         self._bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
         num_rows = rows.shape[0]
-        if num_rows <= self.plain_rows:
-            return F.linear(x, self.weight, self.bias)
+        if num_rows <= self.kernel_rows and cpu_ops.applies(rows):
+            out = cpu_ops.linear_rows(rows, self._weight, self._bias)  # [N, out]
+            return out if rows is x else out.view(*x.shape[:-1], self.out_features)
         padded = padded_rows(num_rows)
         if padded != num_rows:
             rows = F.pad(rows, (0, 0, 0, padded - num_rows))  # [padded, in], zero rows last

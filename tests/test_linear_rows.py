@@ -1,0 +1,76 @@
+"""The few-row linear kernel (`kernels/linear_rows.c`) against the same products summed
+exactly (fp64), over every remainder it handles: rows of x in groups of four and the 3, 2,
+1 left, weight rows in blocks of four and the rest, inputs with no whole 16-float vector at
+the end; with and without a bias; then a model's greedy tokens with it on and off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minserve.kernels import cpu_ops
+from minserve.kernels.build import cpu_kernels
+from minserve.llm import LLM
+from minserve.model.packed_linear import PackedLinear
+from minserve.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="the C kernels could not be built")
+GEN = torch.Generator().manual_seed(0)
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(shape, generator=GEN)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 12, 17])
+@pytest.mark.parametrize(("out_features", "in_features"), [(64, 576), (67, 37), (3, 16), (5, 1)])
+def test_kernel_equals_the_exact_sums(rows: int, out_features: int, in_features: int) -> None:
+    x, weight = randn(rows, in_features), randn(out_features, in_features) * 0.05
+    got = cpu_ops.linear_rows(x, weight, None)
+    want = F.linear(x.double(), weight.double())
+    assert got.shape == (rows, out_features) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_bias_is_added_to_every_row(rows: int) -> None:
+    x, weight, bias = randn(rows, 96), randn(130, 96) * 0.05, randn(130)
+    got = cpu_ops.linear_rows(x, weight, bias)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_strided_rows_are_read_as_their_values() -> None:
+    x = randn(4, 128)[:, ::2]  # every other column: not contiguous
+    weight = randn(20, 64) * 0.05
+    torch.testing.assert_close(
+        cpu_ops.linear_rows(x, weight, None), F.linear(x, weight), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_the_sums_differ_from_f_linear_only_by_rounding_on_real_weights() -> None:
+    torch.manual_seed(0)
+    layer = PackedLinear(torch.nn.Linear(576, 1536, bias=False))
+    x = torch.randn(8, 576)
+    got, want = cpu_ops.linear_rows(x, layer._weight, None), F.linear(x, layer.weight)
+    scale = x.abs() @ layer.weight.abs().T  # |x| . |w|: what fp32 rounding is relative to
+    assert ((got - want).abs() <= 1e-6 * scale + 1e-7).all()
+
+
+def test_greedy_tokens_are_the_same_with_the_kernel_on_and_off() -> None:
+    llm = LLM(max_num_seqs=6)
+    linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
+    prompts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a"]
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    saved = [m.kernel_rows for m in linears]
+
+    def tokens(kernel_rows: int) -> list[list[int]]:
+        for m in linears:
+            m.kernel_rows = kernel_rows
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+    try:
+        assert tokens(16) == tokens(0)  # every decode step on the kernel, then on oneDNN
+    finally:
+        for m, rows in zip(linears, saved):
+            m.kernel_rows = rows
