@@ -17,15 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 from minserve.bench.ab_steps import ab_decode_steps
+from minserve.bench.linear_timing import PATHS, time_linear_paths
 from minserve.bench.run_env import RunRecord
 from minserve.kernels import cpu_ops
 from minserve.llm import LLM
@@ -34,34 +30,23 @@ from minserve.model.packed_linear import PackedLinear
 
 HERE = Path(__file__).parent
 PASSES = 12
-PATHS = {
-    "onednn": lambda layer, x: torch.ops.mkldnn._linear_pointwise(
-        x, layer.packed, layer._bias, "none", [], ""
-    ),
-    "mkl": lambda layer, x: F.linear(x, layer.weight, layer.bias),
-    "kernel": lambda layer, x: cpu_ops.linear_rows(x, layer._weight, layer._bias),
-}
 
 
-def one_pass_ms(linears: list[PackedLinear], rows_list: list[int]) -> list[dict]:
-    """Median ms of one pass over `linears` per path and row count, the paths in turns."""
-    result = []
-    for rows in rows_list:
-        xs = [torch.randn(rows, layer.in_features) for layer in linears]
-        times: dict[str, list[float]] = {name: [] for name in PATHS}
-        for i in range(PASSES + 1):
-            for name in list(PATHS)[:: 1 if i % 2 else -1]:
-                start = time.perf_counter()
-                for layer, x in zip(linears, xs):
-                    PATHS[name](layer, x)
-                if i:  # the first pass warms (oneDNN builds its kernel for this row count)
-                    times[name].append((time.perf_counter() - start) * 1e3)
-        row = {"rows": rows}
-        row.update({f"{n}_ms": round(statistics.median(t), 2) for n, t in times.items()})
-        row["kernel_vs_onednn"] = round(row["onednn_ms"] / row["kernel_ms"], 3)
-        row["kernel_vs_mkl"] = round(row["mkl_ms"] / row["kernel_ms"], 3)
-        result.append(row)
-    return result
+def one_pass_ms(linears: list[PackedLinear], rows: list[int]) -> list[dict]:
+    """Median ms of one pass over `linears` per path and row count, as table rows."""
+    times = time_linear_paths(linears, rows, PASSES)
+    onednn, mkl, kernel = (times[name] for name in PATHS)
+    return [
+        {
+            "rows": r,
+            "onednn_ms": onednn[r],
+            "mkl_ms": mkl[r],
+            "kernel_ms": kernel[r],
+            "kernel_vs_onednn": round(onednn[r] / kernel[r], 3),
+            "kernel_vs_mkl": round(mkl[r] / kernel[r], 3),
+        }  # fmt: skip
+        for r in rows
+    ]
 
 
 def engine_steps(batch: int, steps: int, base: LLM) -> dict:
@@ -133,12 +118,11 @@ def main() -> None:
     tuned = {f"{s[0]}x{s[1]}": m.kernel_rows for m in linears for s in [shape_of(m)]}
     head = base.loaded.model.lm_head
     rows = [int(r) for r in args.rows.split(",")]
-    with torch.inference_mode():
-        layers = [m for m in linears if m is not head]
-        passes = {
-            f"the {len(layers)} layer linears": one_pass_ms(layers, rows),
-            "the head (49152 x 576, 113 MB)": one_pass_ms([head], rows),
-        }
+    layers = [m for m in linears if m is not head]
+    passes = {
+        f"the {len(layers)} layer linears": one_pass_ms(layers, rows),
+        "the head (49152 x 576, 113 MB)": one_pass_ms([head], rows),
+    }
     steps = [engine_steps(b, args.steps, base) for b in (int(b) for b in args.batches.split(","))]
     run.finish()
     write(passes, steps, tuned, run)

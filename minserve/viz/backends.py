@@ -7,8 +7,13 @@ from collections.abc import Mapping
 from matplotlib.figure import Figure
 
 
-def plot_backend_times(times: Mapping[str, Mapping[int, float]], title: str) -> Figure:
-    """Grouped bars: microseconds per call {backend: {batch size: us}}, one group per batch."""
+def plot_backend_times(
+    times: Mapping[str, Mapping[int, float]],
+    title: str,
+    unit: str = "microseconds per layer",
+    group: str = "batch",
+) -> Figure:
+    """Grouped bars: times {backend: {batch size: time in `unit`}}, one group per batch."""
     fig = Figure(figsize=(7, 3.5), layout="constrained")
     ax = fig.subplots()
     names = list(times)
@@ -18,8 +23,8 @@ def plot_backend_times(times: Mapping[str, Mapping[int, float]], title: str) -> 
         xs = [b + (i - (len(names) - 1) / 2) * width for b in range(len(batches))]
         bars = ax.bar(xs, [times[name][b] for b in batches], width, label=name)
         ax.bar_label(bars, fmt="%.0f")
-    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
-    ax.set_ylabel("microseconds per layer")
+    ax.set_xticks(range(len(batches)), [f"{group} {b}" for b in batches])
+    ax.set_ylabel(unit)
     ax.set_title(title)
     ax.legend()
     return fig
