@@ -80,11 +80,7 @@ def write(attention: dict, steps: list[dict], run: RunRecord) -> None:
     (HERE / "cpu_kernels.json").write_text(json.dumps(record, indent=2) + "\n")
     names = list(attention)
     lines = [
-        "# C kernels against plain torch (CPU, fp32)",
-        "",
-        f"- command: `{run.command}`",
-        f"- date: {run.date}",
-        run.load_line(),
+        *run.header_lines("C kernels against plain torch (CPU, fp32)"),
         "",
         "One layer's decode attention (store + attend), SmolLM2 shapes, context 512, "
         "median microseconds per call:",

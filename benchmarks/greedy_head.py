@@ -71,11 +71,7 @@ def write(head: list[dict], steps: list[dict], run: RunRecord) -> None:
               "head_alone": head, "engine_steps": steps}  # fmt: skip
     (HERE / "greedy_head.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
-        "# Greedy decoding through the bfloat16 screen of the head (CPU, fp32)",
-        "",
-        f"- command: `{run.command}`",
-        f"- date: {run.date}",
-        run.load_line(),
+        *run.header_lines("Greedy decoding through the bfloat16 screen of the head (CPU, fp32)"),
         "",
         "SmolLM2's head alone (49152 x 576; the model's own fp32 head, as the engine runs it), "
         "cold, median ms (same tokens checked). The hidden states are random (std 3): their "

@@ -66,11 +66,7 @@ def write(passes: dict[str, list[dict]], steps: list[dict], tuned: dict, run: Ru
               "kernel_rows": tuned, "one_pass": passes, "engine_steps": steps}  # fmt: skip
     (HERE / "linear_rows.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
-        "# Few-row C kernel vs oneDNN for a decode step's linears (CPU, fp32)",
-        "",
-        f"- command: `{run.command}`",
-        f"- date: {run.date}",
-        run.load_line(),
+        *run.header_lines("Few-row C kernel vs oneDNN for a decode step's linears (CPU, fp32)"),
         "- the loader's choice in this run (`kernel_rows` per layer shape, in x out): "
         + ", ".join(f"{k} -> {v}" for k, v in tuned.items()),
         "",

@@ -43,6 +43,11 @@ class RunRecord:
         """Note the load averages (1, 5, 15 minutes) as the run ends."""
         self.machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
 
+    def header_lines(self, title: str) -> list[str]:
+        """A markdown report's opening: its title, the command, the date and the machine."""
+        return [f"# {title}", "", f"- command: `{self.command}`", f"- date: {self.date}",
+                self.load_line()]  # fmt: skip
+
     def load_line(self) -> str:
         """One markdown line saying what the numbers were measured on, and how busy it was."""
         m = self.machine

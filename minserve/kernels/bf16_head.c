@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec16.h"
+
 /* Multiply-adds as single FMA instructions (-std=c11 turns that off): greedy_head.py's bound
  * holds for any fp32 summation, fused or not, and the screen is arithmetic-bound from
  * three rows of x up. Only this file's functions are affected. */
@@ -22,13 +24,8 @@
 #pragma GCC optimize("fp-contract=fast")
 #endif
 
-/* 16 floats: one AVX-512 register (GCC and clang split it where vectors are narrower).
- * Sums are kept in these registers, not in arrays: a sum carried through memory costs a
- * store and a reload per step, which made an earlier version three times slower. */
-typedef float f32x16 __attribute__((vector_size(64)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
-enum { LANES = 16 };
 
 static inline float widen(uint16_t v) {
     const uint32_t bits = (uint32_t)v << 16;
@@ -44,21 +41,6 @@ static inline f32x16 widen16(const uint16_t *p) {
     f32x16 f;
     memcpy(&f, &bits, sizeof f);
     return f;
-}
-
-static inline f32x16 load16(const float *p) {
-    f32x16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* The 16 lanes added as a tree: four dependent adds, not sixteen. */
-static inline float lane_sum(f32x16 v) {
-    float t[LANES];
-    memcpy(t, &v, sizeof t);
-    for (int width = LANES / 2; width >= 1; width /= 2)
-        for (int l = 0; l < width; l++) t[l] += t[l + width];
-    return t[0];
 }
 
 /* Four rows of x against one weight row: the weight is widened once for all four. */

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec16.h"
+
 /* Multiply-adds as single FMA instructions (-std=c11 turns that off): the sums only change
  * by rounding, as any GEMM's do. Only this file's functions are affected. */
 #if defined(__clang__)
@@ -21,30 +23,7 @@
 #pragma GCC optimize("fp-contract=fast")
 #endif
 
-/* 16 floats: one AVX-512 register (GCC and clang split it where vectors are narrower). */
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef float f32x4 __attribute__((vector_size(16)));
-enum { LANES = 16, ROWS = 4, XS = 4 };
-
-static inline f32x16 load16(const float *p) {
-    f32x16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* The 16 lanes added by halves: 16 -> 8 -> 4, then the last four. */
-static inline float lane_sum(f32x16 v) {
-    f32x8 lo, hi;
-    memcpy(&lo, &v, sizeof lo);
-    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
-    const f32x8 s8 = lo + hi;
-    f32x4 a, b;
-    memcpy(&a, &s8, sizeof a);
-    memcpy(&b, (const char *)&s8 + sizeof a, sizeof b);
-    const f32x4 s4 = a + b;
-    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
+enum { ROWS = 4, XS = 4 };
 
 /* ROWS weight rows (w, row-major, k apart) against nx <= XS rows of x; out[j * ldo + i] is
  * row j of x against weight row i. Where `ahead` is set, the block it points to is fetched

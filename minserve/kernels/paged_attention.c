@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "fast_exp.h"
+#include "vec16.h"
 
 /* Write token t's k and v (Hkv * D floats each, at row strides k_tok, v_tok) to its slot. */
 void store_kv_f32(float *k_cache, float *v_cache, const float *k, const float *v,
@@ -76,8 +77,9 @@ static int64_t tokens_in(const Pass *p, int64_t b) {
 }
 
 /* scores[r][j] = q_r . k_j * scale for the task's query rows r (count * group of them),
- * walking the sequence's blocks in order, each slot's heads read as one run. */
-static void score_keys(float *scores, const float *q, const float *k_cache, const Pass *p,
+ * walking the sequence's blocks in order, each slot's heads read as one run; one dot
+ * product (and its lane sum) at a time: any head_dim. */
+static void score_each_key(float *scores, const float *q, const float *k_cache, const Pass *p,
                        float scale) {
     const int64_t span = p->count * p->head_dim, rows = p->count * p->group;
     for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
@@ -90,6 +92,44 @@ static void score_keys(float *scores, const float *q, const float *k_cache, cons
                 const float qk = dot(q + r * p->head_dim, key, p->head_dim);
                 scores[r * p->context + j0 + j] = qk * scale;
             }
+        }
+    }
+}
+
+/* Key j's slot (every KV head from the task's first) in `cache`. */
+static const float *slot_of(const float *cache, const Pass *p, int64_t j) {
+    return block_at(cache, p, j / p->block_size) + j % p->block_size * p->token_row;
+}
+
+/* score_each_key for head_dim a multiple of 16, sixteen keys at a time: each query row's
+ * sixteen products stay as vectors and are summed together (lane_sums16), not one lane sum
+ * per key, which was most of the work at head_dim 64. The next sixteen keys are fetched
+ * meanwhile (blocks sit anywhere in the pool, so the hardware cannot guess them). */
+static void score_keys(float *scores, const float *q, const float *k_cache, const Pass *p,
+                       float scale) {
+    if (p->head_dim % LANES != 0) {
+        score_each_key(scores, q, k_cache, p, scale);
+        return;
+    }
+    const int64_t rows = p->count * p->group, vecs = p->head_dim / LANES;
+    const int64_t span = p->count * p->head_dim;
+    for (int64_t j0 = 0; j0 < p->context; j0 += LANES) {
+        const int64_t n = p->context - j0 < LANES ? p->context - j0 : LANES;
+        const float *slot[LANES];
+        for (int64_t t = 0; t < LANES; t++) slot[t] = slot_of(k_cache, p, j0 + (t < n ? t : 0));
+        for (int64_t t = j0 + LANES; t < j0 + 2 * LANES && t < p->context; t++)
+            prefetch_rows(slot_of(k_cache, p, t), span);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *qr = q + r * p->head_dim;
+            const int64_t head = (r / p->group) * p->head_dim;
+            f32x16 parts[LANES] = {0};
+            for (int64_t c = 0; c < vecs; c++) {
+                const f32x16 qc = load16(qr + c * LANES);
+                for (int t = 0; t < LANES; t++)
+                    parts[REVERSED[t]] += qc * load16(slot[t] + head + c * LANES);
+            }
+            const f32x16 s = lane_sums16(parts) * scale;
+            memcpy(scores + r * p->context + j0, &s, n * sizeof(float));
         }
     }
 }
@@ -110,8 +150,9 @@ static void softmax_rows(float *scores, int64_t rows, int64_t context) {
     }
 }
 
-/* out_r = sum_j p_rj v_j for the task's query rows, blocks walked as in score_keys. */
-static void weigh_values(float *out, const float *probs, const float *v_cache, const Pass *p) {
+/* out_r = sum_j p_rj v_j for the task's query rows, blocks walked as in score_each_key;
+ * each value row added into every query row's output in memory: any head_dim. */
+static void weigh_each_value(float *out, const float *probs, const float *v_cache, const Pass *p) {
     const int64_t span = p->count * p->head_dim, rows = p->count * p->group;
     memset(out, 0, rows * p->head_dim * sizeof(float));
     for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
@@ -124,6 +165,31 @@ static void weigh_values(float *out, const float *probs, const float *v_cache, c
                 axpy(out + r * p->head_dim, probs[r * p->context + j0 + j], value, p->head_dim);
             }
         }
+    }
+}
+
+/* weigh_each_value for head_dim a multiple of 16 up to 128: one query row at a time, its
+ * output held in registers over the whole context instead of loaded and stored for every
+ * value row (the rows a KV head's queries share come from L1 or L2 the second time). */
+enum { MAX_VECS = 8 };
+static void weigh_values(float *out, const float *probs, const float *v_cache, const Pass *p) {
+    const int64_t vecs = p->head_dim / LANES;
+    if (p->head_dim % LANES != 0 || vecs > MAX_VECS) {
+        weigh_each_value(out, probs, v_cache, p);
+        return;
+    }
+    for (int64_t r = 0; r < p->count * p->group; r++) {
+        const float *pr = probs + r * p->context;
+        const int64_t head = (r / p->group) * p->head_dim;
+        f32x16 sums[MAX_VECS] = {0};
+        for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
+            const float *slot = block_at(v_cache, p, b) + head;
+            for (int64_t j = 0; j < tokens_in(p, b); j++, slot += p->token_row) {
+                const f32x16 weight = (f32x16){0} + pr[j0 + j];
+                for (int64_t c = 0; c < vecs; c++) sums[c] += weight * load16(slot + c * LANES);
+            }
+        }
+        memcpy(out + r * p->head_dim, sums, p->head_dim * sizeof(float));
     }
 }
 
