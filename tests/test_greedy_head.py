@@ -102,7 +102,7 @@ def test_the_engine_gives_the_same_tokens_with_and_without_the_screen(tiny_model
     calls = []
     tokens = model.greedy_screen.tokens
     model.greedy_screen.tokens = lambda hidden: calls.append(len(hidden)) or tokens(hidden)
-    prompts = [{"prompt_token_ids": list(range(5 + i, 40 + 3 * i))} for i in range(3)]
+    prompts = [{"prompt_token_ids": list(range(5 + i, 40 + 3 * i))} for i in range(SCREEN_MAX_ROWS)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     screened = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert calls and max(calls) <= SCREEN_MAX_ROWS
