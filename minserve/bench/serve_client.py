@@ -1,8 +1,10 @@
 """One streamed request to any OpenAI-compatible server, timed as vLLM's benchmark times it.
 
-The clock starts just before the request is sent; each SSE chunk that carries text is a
-token event (the first is TTFT, the gaps between them are ITLs). Token counts come from
-the server's `usage` (stream_options.include_usage), which vLLM and minserve both send.
+The clock starts just before the request is sent; each SSE chunk that carries a choice is a
+token event, with text or without (a token whose text the server holds back, such as half
+a UTF-8 character): the first is TTFT, the gaps between them are ITLs, vLLM's definitions.
+Token counts come from the server's `usage` (stream_options.include_usage), which vLLM and
+minserve both send.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ async def send(
 ) -> tuple[RequestRecord, str]:
     """POST one streamed request; return its record and the generated text."""
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    record, pieces = RequestRecord(), []
+    record, pieces, events = RequestRecord(), [], 0
     start = last = time.perf_counter()
     try:
         async with client.stream("POST", endpoint.base_url + path, json=body,
@@ -63,14 +65,14 @@ async def send(
                 if "error" in chunk:
                     record.error = str(chunk["error"])
                     return record, ""
-                text = _text(chunk)
                 now = time.perf_counter()
-                if text:
-                    if not pieces:
+                if chunk.get("choices"):  # a token event (its text may be empty)
+                    if not events:
                         record.ttft = now - start
                     else:
                         record.itl.append(now - last)
-                    pieces.append(text)
+                    events += 1
+                    pieces.append(_text(chunk))
                     last = now
                 if chunk.get("usage"):
                     record.prompt_tokens = chunk["usage"]["prompt_tokens"]
@@ -79,9 +81,11 @@ async def send(
         record.error = f"{type(error).__name__}: {error}"
         return record, ""
     record.latency = last - start
-    record.success = bool(pieces)
+    record.success = events > 0
+    if not record.success:
+        record.error = "the stream ended without a chunk with choices (no first token)"
     if not record.output_tokens:  # a server without usage: count chunks
-        record.output_tokens = len(pieces)
+        record.output_tokens = events
     return record, "".join(pieces)
 
 

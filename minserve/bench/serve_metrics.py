@@ -1,7 +1,7 @@
 """Serving metrics with vLLM's `bench serve` definitions, from per-request timestamps.
 
-TTFT     first chunk with text - request sent
-ITL      gaps between consecutive chunks with text (one list over all requests)
+TTFT     first chunk with a choice - request sent (its text may be empty: a held-back token)
+ITL      gaps between consecutive chunks with a choice (one list over all requests)
 TPOT     (E2E - TTFT) / (output tokens - 1), for requests with more than one token
 E2E      last chunk - request sent
 request throughput = completed / duration;  output throughput = output tokens / duration

@@ -2,8 +2,10 @@
 
 The engine reports each request's whole output so far; a stream sends only the new part.
 `DeltaTracker` remembers, per choice, how much text and how many tokens were sent.
-Text held back by the detokenizer (half a UTF-8 character, a possible stop string) makes a
-step with tokens but no text: its tokens ride along with the next piece that has text.
+Every step that produced tokens sends a piece, as vLLM does: text held back by the
+detokenizer (half a UTF-8 character, a possible stop string) makes a piece with the new
+token ids and logprobs but empty text; the text follows with a later piece. So a client
+sees each token when it was sampled (TTFT and ITL as vLLM's `bench serve` measures them).
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def _new_piece(index: int, completion: CompletionOutput, sent: _Sent) -> Piece |
         return None
     text = completion.text[sent.chars :]
     finishing = completion.finish_reason is not None
-    if not text and not finishing:
-        return None
+    if not text and len(completion.token_ids) == sent.tokens and not finishing:
+        return None  # nothing new (another choice of the same prompt moved)
     logprobs = completion.logprobs
     piece = Piece(
         index=index,
