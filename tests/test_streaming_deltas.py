@@ -37,6 +37,4 @@ def test_only_the_choices_that_moved_get_a_piece() -> None:
     tracker = DeltaTracker(n=2)
     tracker.update(0, output(CompletionOutput(0, "a", [1]), CompletionOutput(1, "b", [2])))
     moved = output(CompletionOutput(0, "a", [1]), CompletionOutput(1, "bc", [2, 3]))
-    assert [(p.index, p.text, p.token_ids) for p, _ in tracker.update(0, moved)] == [
-        (1, "c", [3])
-    ]
+    assert [(p.index, p.text, p.token_ids) for p, _ in tracker.update(0, moved)] == [(1, "c", [3])]
