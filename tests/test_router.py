@@ -24,6 +24,7 @@ from openai import OpenAI
 from minserve import LLM
 from minserve.router import RouterConfig, build_router
 from minserve.router.app import REPLICA_HEADER
+from minserve.router.policy import Decision
 from minserve.server.app import build_server
 from minserve.server.background import BackgroundServer
 from minserve.server.serving import ServerConfig
@@ -146,6 +147,33 @@ def test_round_robin_alternates_even_when_prompts_share_a_prefix(replicas):
         router.stop()
     a, b = (r.url for r in replicas)
     assert answered in ([a, b, a, b], [b, a, b, a])
+
+
+class AlwaysSecond:
+    """A policy object of one's own (as chapter 09's exercise plugs in): always replica 1."""
+
+    name = "always_second"
+
+    def __init__(self) -> None:
+        self.recorded: list[int] = []
+
+    def choose(self, key, loads, candidates) -> Decision:
+        return Decision(1, "prefix")
+
+    def record(self, key, replica: int) -> None:
+        self.recorded.append(replica)
+
+
+def test_a_policy_object_given_to_build_router_decides(replicas):
+    policy = AlwaysSecond()
+    config = RouterConfig(tuple(r.url for r in replicas), "round_robin")
+    router = BackgroundServer(build_router(config, policy=policy))
+    router.start()
+    try:
+        answered = [send(router.url, f"Question {i}: why?") for i in range(3)]
+    finally:
+        router.stop()
+    assert answered == [replicas[1].url] * 3 and policy.recorded == [1, 1, 1]
 
 
 @dataclass

@@ -26,7 +26,7 @@ from minserve.bench.serve_client import Endpoint
 from minserve.bench.serve_load import LoadSpec, run_load
 from minserve.bench.serve_metrics import parse_goodput, summarize
 from minserve.bench.serve_workloads import WORKLOADS, Session, WorkloadSpec, build_workload
-from minserve.router.policy import POLICIES
+from minserve.router.policy import POLICIES, Policy
 
 if TYPE_CHECKING:
     from minserve.model.loader import LoadedModel
@@ -82,8 +82,10 @@ def _run_cli(args: argparse.Namespace) -> int:
             print(f"running {workload}, {policy} ...", flush=True)
             spec = replace(base, name=workload)
             sessions = sessions_for(spec, args.num_prefixes)
-            runs.append({"workload": workload, **_run_policy(warm.loaded, policy, sessions, load,
-                                                             slos, args)})  # fmt: skip
+            routed = asyncio.run(run_routed(warm.loaded, policy, sessions, load, slos,
+                                            args.replicas, args.num_blocks,
+                                            args.balance_threshold))  # fmt: skip
+            runs.append({"workload": workload, **routed})
     record.finish()
     settings = {**asdict(base), "replicas": args.replicas, "request_rate": str(load.request_rate),
                 "max_concurrency": load.max_concurrency, "goodput_slos_s": slos,
@@ -111,37 +113,41 @@ def sessions_for(spec: WorkloadSpec, num_prefixes: int) -> list[Session]:
     return sessions
 
 
-def _run_policy(
-    loaded: LoadedModel, policy: str, sessions: list[Session], load: LoadSpec,
-    slos: dict[str, float], args: argparse.Namespace,
+async def run_routed(
+    loaded: LoadedModel, policy: str | Policy, sessions: list[Session], load: LoadSpec,
+    slos: dict[str, float], replicas: int = 2, num_blocks: int | None = None,
+    balance_threshold: int = 4,
 ) -> dict:  # fmt: skip
-    """Fresh replicas and a router for `policy`; the load through it; the replicas' counts."""
+    """Fresh replicas (prefix caching on) and a router for `policy` (a name, or a policy
+    object such as your own `CacheAware`); the load through it; the replicas' counts.
+    A coroutine, so that a notebook can await it on its running event loop."""
     from minserve.llm import LLM
     from minserve.router.app import RouterConfig, build_router
     from minserve.server.app import build_server
     from minserve.server.background import BackgroundServer
     from minserve.server.serving import ServerConfig
 
-    llms = [LLM(loaded, enable_prefix_caching=True, num_blocks=args.num_blocks)
-            for _ in range(args.replicas)]  # fmt: skip
-    replicas = [BackgroundServer(build_server(llm, ServerConfig("model"))) for llm in llms]
-    urls = [replica.start() for replica in replicas]
-    config = RouterConfig(tuple(urls), policy, balance_threshold=args.balance_threshold)
-    router = BackgroundServer(build_router(config))
+    llms = [LLM(loaded, enable_prefix_caching=True, num_blocks=num_blocks)
+            for _ in range(replicas)]  # fmt: skip
+    servers = [BackgroundServer(build_server(llm, ServerConfig("model"))) for llm in llms]
+    urls = [server.start() for server in servers]
+    name = policy if isinstance(policy, str) else policy.name
+    config = RouterConfig(tuple(urls), name, balance_threshold=balance_threshold)
+    router = BackgroundServer(build_router(config, None if isinstance(policy, str) else policy))
     try:
         endpoint = Endpoint(router.start(), "")
         endpoint = Endpoint(endpoint.base_url, first_model(endpoint))
-        result = asyncio.run(run_load(endpoint, sessions, load, progress=False))
+        result = await run_load(endpoint, sessions, load, progress=False)
         done = sum(r.success for r in result.records)
-        stats = _idle_stats(replicas, done)
+        stats = _idle_stats(servers, done)
     finally:
         router.stop()
-        for replica in replicas:
-            replica.stop()
+        for server in servers:
+            server.stop()
     queries = sum(s["prefix_cache_queries"] for s in stats)
     hits = sum(s["prefix_cache_hits"] for s in stats)
     return {
-        "policy": policy,
+        "policy": name,
         "requests_per_replica": [int(s["num_requests_finished"]) for s in stats],
         "prefix_cache_queries": queries,
         "prefix_cache_hits": hits,

@@ -205,6 +205,28 @@ CHAPTERS: tuple[Chapter, ...] = (
         ),
         checks="minserve.course.checks_ch08",
     ),
+    Chapter(
+        number="09",
+        slug="assembling_the_server",
+        title="Assembling the server",
+        module="ch09_server",
+        sources=("router/policy.py", "server/streaming.py"),
+        header=(
+            '"""Chapter 09, Assembling the server: routing by cached prefix, and streaming.\n\n'
+            "You write `CacheAware.choose`, the router's pick of a replica (the longest prefix\n"
+            "it is expected to hold, unless that replica is too busy), then `new_piece`, what\n"
+            "one streamed chunk carries. Plug your policy into the router with\n"
+            "`build_router(config, policy=CacheAware(PrefixIndex(2)))`.\n"
+            '"""\n\n'
+            "from collections.abc import Sequence\n\n"
+            "from minserve.outputs import CompletionOutput\n"
+            "from minserve.router.policy import Decision, _Turns\n"
+            "from minserve.router.prefix_index import Key, PrefixIndex\n"
+            "from minserve.server.responses import Piece\n"
+            "from minserve.server.streaming import Sent\n"
+        ),
+        checks="minserve.course.checks_ch09",
+    ),
 )
 
 

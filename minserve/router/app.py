@@ -84,10 +84,13 @@ class Router:
         pass
 
 
-def build_router(config: RouterConfig) -> Router:
+def build_router(config: RouterConfig, policy: Policy | None = None) -> Router:
+    """The router app over `config.replicas`; `policy` replaces the one `config` names
+    (your own `CacheAware` from chapter 09, say)."""
     replicas = [Replica(parse_replica_url(url)) for url in config.replicas]
-    policy = make_policy(config.policy, len(replicas), config.balance_threshold,
-                         config.chunk_size, config.capacity)  # fmt: skip
+    if policy is None:
+        policy = make_policy(config.policy, len(replicas), config.balance_threshold,
+                             config.chunk_size, config.capacity)  # fmt: skip
     proxy = _Proxy(config, replicas, policy)
     return Router(_create_app(proxy), replicas, policy)
 

@@ -68,6 +68,7 @@ class RoundRobin:
         pass
 
 
+# >>> exercise 9.1: cache-aware routing
 class CacheAware:
     """Longest expected prefix match, balanced against load (SGLang's cache-aware router)."""
 
@@ -80,6 +81,17 @@ class CacheAware:
         self._turns = _Turns()
 
     def choose(self, key: Key | None, loads: Sequence[int], candidates: Sequence[int]) -> Decision:
+        """The replica for a request with prompt `key`, among `candidates` (those up).
+
+        `self.index.match(key)` says, per replica, how many leading prompt units it is
+        expected to hold. Send the request to the candidate with the longest match (ties:
+        the less loaded), reason "prefix", unless it is busier than the least-loaded
+        candidate by more than `balance_threshold` requests: then to that least-loaded one,
+        reason "balance", with the match it has. Nothing matched anywhere (or no key): the
+        least-loaded, reason "least_loaded". Break ties in load by `self._turns.order`
+        (a rotating start, so that equal replicas take turns).
+        """
+        # >>> solution
         least = min(self._turns.order(candidates), key=lambda r: loads[r])
         matched = self.index.match(key) if key is not None else [0] * len(loads)
         # longest match; among equal matches, the less loaded
@@ -89,10 +101,14 @@ class CacheAware:
         if loads[best] - loads[least] > self.balance_threshold:
             return Decision(least, "balance", matched[least])
         return Decision(best, "prefix", matched[best])
+        # <<< solution
 
     def record(self, key: Key | None, replica: int) -> None:
         if key is not None:
             self.index.insert(key, replica)
+
+
+# <<< exercise
 
 
 def make_policy(

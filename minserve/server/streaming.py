@@ -17,11 +17,13 @@ from minserve.server.responses import Piece
 
 
 @dataclass
-class _Sent:
-    chars: int = 0
-    tokens: int = 0
-    finished: bool = False
-    started: bool = False
+class Sent:
+    """What one choice's stream has sent so far."""
+
+    chars: int = 0  # of the choice's text
+    tokens: int = 0  # of its token ids (and logprobs)
+    finished: bool = False  # its finish_reason went out: nothing more to send
+    started: bool = False  # its first piece went out (chat: that one carries the role)
 
 
 class DeltaTracker:
@@ -29,7 +31,7 @@ class DeltaTracker:
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self._sent: dict[int, _Sent] = {}
+        self._sent: dict[int, Sent] = {}
         self.latest: dict[int, RequestOutput] = {}  # prompt index -> its newest output
 
     def update(self, prompt_index: int, output: RequestOutput) -> list[tuple[Piece, bool]]:
@@ -38,8 +40,8 @@ class DeltaTracker:
         pieces = []
         for completion in output.outputs:
             index = prompt_index * self.n + completion.index
-            sent = self._sent.setdefault(index, _Sent())
-            piece = _new_piece(index, completion, sent)
+            sent = self._sent.setdefault(index, Sent())
+            piece = new_piece(index, completion, sent)
             if piece is not None:
                 pieces.append((piece, not sent.started))
                 sent.started = True
@@ -52,7 +54,19 @@ class DeltaTracker:
         return sum(len(out.prompt_token_ids) for out in self.latest.values())
 
 
-def _new_piece(index: int, completion: CompletionOutput, sent: _Sent) -> Piece | None:
+# >>> exercise 9.2: from cumulative outputs to streamed pieces
+def new_piece(index: int, completion: CompletionOutput, sent: Sent) -> Piece | None:
+    """The part of `completion` (the choice's whole output so far) not sent yet, as the
+    Piece for choice `index`; None when there is nothing new or the choice has finished.
+
+    A piece carries the new text, the new token ids and their logprobs (None if the
+    request asked for none), and the finish and stop reasons. There is a piece whenever
+    there are new tokens, even when their text is empty (the detokenizer holds back half a
+    UTF-8 character), and when the choice has just finished (the piece carries the finish
+    reason). Update `sent` as you go: chars, tokens, and finished once the finish reason
+    is out (`started` is the caller's).
+    """
+    # >>> solution
     if sent.finished:
         return None
     text = completion.text[sent.chars :]
@@ -71,6 +85,10 @@ def _new_piece(index: int, completion: CompletionOutput, sent: _Sent) -> Piece |
     sent.chars, sent.tokens = len(completion.text), len(completion.token_ids)
     sent.finished = finishing
     return piece
+    # <<< solution
+
+
+# <<< exercise
 
 
 def whole_pieces(outputs: dict[int, RequestOutput], n: int) -> list[Piece]:
