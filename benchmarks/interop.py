@@ -135,8 +135,11 @@ def summary_lines(rows: list[dict], peers: list[str]) -> list[str]:
 
 def write(rows: list[dict], command: str, peers: list[str], args) -> None:
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
-    (HERE / "interop.json").write_text(json.dumps(
-        {"command": command, "date": stamp, "slos": SLOS["issue"], "runs": rows}, indent=2))
+    (HERE / "interop.json").write_text(
+        json.dumps(
+            {"command": command, "date": stamp, "slos": SLOS["issue"], "runs": rows}, indent=2
+        )
+    )
     leftovers = [r["minserve_after"] for r in rows if "minserve_after" in r]
     clean = all(left["num_requests_running"] == 0 and left["num_requests_waiting"] == 0
                 and left["kv_cache_free_blocks"] == left["kv_cache_total_blocks"]
