@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 
+import httpx
 import numpy as np
 import pytest
 
 from minserve import LLM
+from minserve.bench.serve_client import Endpoint, send
 from minserve.bench.serve_load import LoadSpec, arrival_times
 from minserve.bench.serve_metrics import RequestRecord, parse_goodput, summarize
 from minserve.bench.serve_workloads import WorkloadSpec, build_workload
@@ -105,3 +108,29 @@ def test_bench_serve_against_a_live_server(tiny_model, tmp_path, capsys) -> None
     chat = json.loads((tmp_path / "chat.json").read_text())["records"]
     assert len(chat) == 4 and all(r["success"] for r in chat)
     assert chat[1]["prompt_tokens"] > chat[0]["prompt_tokens"] + 8  # turn 2 carries turn 1
+
+
+def sse_client(*events: dict | str) -> httpx.AsyncClient:
+    """An httpx client whose every POST streams these server-sent events."""
+    body = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+    transport = httpx.MockTransport(lambda _: httpx.Response(200, text=body))
+    return httpx.AsyncClient(transport=transport)
+
+
+def test_every_chunk_with_a_choice_is_a_token_event_even_with_empty_text() -> None:
+    """vLLM's client: TTFT at the first chunk with a choice (a held-back token has empty
+    text), an ITL for each later one; the usage chunk (no choices) is not a token."""
+    usage = {"prompt_tokens": 4, "completion_tokens": 3}
+    events = [{"choices": [{"text": ""}]}, {"choices": [{"text": "é"}]},
+              {"choices": [{"text": "!", "finish_reason": "length"}]},
+              {"choices": [], "usage": usage}, "[DONE]"]  # fmt: skip
+    client = sse_client(*events)
+    record, text = asyncio.run(send(client, Endpoint("http://t", "m"), {"prompt": [1, 2]}))
+    assert (text, record.success, record.output_tokens, record.prompt_tokens) == ("é!", True, 3, 4)
+    assert len(record.itl) == 2 and 0 < record.ttft <= record.latency
+
+
+def test_a_stream_without_a_choice_fails_the_request() -> None:
+    usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 0}}
+    record, _ = asyncio.run(send(sse_client(usage, "[DONE]"), Endpoint("http://t", "m"), {}))
+    assert not record.success and "no first token" in record.error
