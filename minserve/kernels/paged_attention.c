@@ -96,15 +96,28 @@ static void score_each_key(float *scores, const float *q, const float *k_cache, 
     }
 }
 
-/* Key j's slot (every KV head from the task's first) in `cache`. */
-static const float *slot_of(const float *cache, const Pass *p, int64_t j) {
-    return block_at(cache, p, j / p->block_size) + j % p->block_size * p->token_row;
+/* The slots (every KV head from the task's first) of keys j .. j + n - 1 in `cache`, n <= LANES,
+ * walking the block table from key j's block: one division per chunk of keys, not one per
+ * key. Lanes past n repeat the first slot (their scores are computed and dropped). */
+static void chunk_slots(const float *slot[LANES], const float *cache, const Pass *p, int64_t j,
+                        int64_t n) {
+    int64_t b = j / p->block_size, offset = j % p->block_size;
+    const float *block = block_at(cache, p, b);
+    for (int64_t t = 0; t < n; t++) {
+        slot[t] = block + offset * p->token_row;
+        if (++offset == p->block_size && t + 1 < n) {
+            offset = 0;
+            block = block_at(cache, p, ++b);
+        }
+    }
+    for (int64_t t = n; t < LANES; t++) slot[t] = slot[0];
 }
 
 /* score_each_key for head_dim a multiple of 16, sixteen keys at a time: each query row's
  * sixteen products stay as vectors and are summed together (lane_sums16), not one lane sum
- * per key, which was most of the work at head_dim 64. The next sixteen keys are fetched
- * meanwhile (blocks sit anywhere in the pool, so the hardware cannot guess them). */
+ * per key, which was most of the work at head_dim 64. The next sixteen keys' slots are found
+ * and fetched meanwhile (blocks sit anywhere in the pool, so the hardware cannot guess them),
+ * and kept for the next round. */
 static void score_keys(float *scores, const float *q, const float *k_cache, const Pass *p,
                        float scale) {
     if (p->head_dim % LANES != 0) {
@@ -113,12 +126,15 @@ static void score_keys(float *scores, const float *q, const float *k_cache, cons
     }
     const int64_t rows = p->count * p->group, vecs = p->head_dim / LANES;
     const int64_t span = p->count * p->head_dim;
+    const float *slot[LANES], *next[LANES];
+    chunk_slots(slot, k_cache, p, 0, p->context < LANES ? p->context : LANES);
     for (int64_t j0 = 0; j0 < p->context; j0 += LANES) {
         const int64_t n = p->context - j0 < LANES ? p->context - j0 : LANES;
-        const float *slot[LANES];
-        for (int64_t t = 0; t < LANES; t++) slot[t] = slot_of(k_cache, p, j0 + (t < n ? t : 0));
-        for (int64_t t = j0 + LANES; t < j0 + 2 * LANES && t < p->context; t++)
-            prefetch_rows(slot_of(k_cache, p, t), span);
+        const int64_t left = p->context - (j0 + LANES), ahead = left < LANES ? left : LANES;
+        if (ahead > 0) { /* the next chunk's slots: fetched now, scored next round */
+            chunk_slots(next, k_cache, p, j0 + LANES, ahead);
+            for (int64_t t = 0; t < ahead; t++) prefetch_rows(next[t], span);
+        }
         for (int64_t r = 0; r < rows; r++) {
             const float *qr = q + r * p->head_dim;
             const int64_t head = (r / p->group) * p->head_dim;
@@ -131,6 +147,7 @@ static void score_keys(float *scores, const float *q, const float *k_cache, cons
             const f32x16 s = lane_sums16(parts) * scale;
             memcpy(scores + r * p->context + j0, &s, n * sizeof(float));
         }
+        if (ahead > 0) memcpy(slot, next, sizeof slot);
     }
 }
 
