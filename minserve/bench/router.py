@@ -131,9 +131,13 @@ async def run_routed(
             for _ in range(replicas)]  # fmt: skip
     servers = [BackgroundServer(build_server(llm, ServerConfig("model"))) for llm in llms]
     urls = [server.start() for server in servers]
-    name = policy if isinstance(policy, str) else policy.name
-    config = RouterConfig(tuple(urls), name, balance_threshold=balance_threshold)
-    router = BackgroundServer(build_router(config, None if isinstance(policy, str) else policy))
+    if isinstance(policy, str):
+        name, own = policy, None
+        config = RouterConfig(tuple(urls), policy, balance_threshold=balance_threshold)
+    else:  # a policy object of any name: the config's policy is then not used
+        name, own = policy.name, policy
+        config = RouterConfig(tuple(urls))
+    router = BackgroundServer(build_router(config, own))
     try:
         endpoint = Endpoint(router.start(), "")
         endpoint = Endpoint(endpoint.base_url, first_model(endpoint))
