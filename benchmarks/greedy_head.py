@@ -57,7 +57,7 @@ def head_alone(lm_head: torch.nn.Module, screen: GreedyScreen, batches: list[int
 
 def engine_steps(batch: int, steps: int, base: LLM) -> dict:
     """p10 / p50 decode step times with the screen on and off, alternating steps."""
-    model = base.engine.runner.model
+    model = base.engine.worker.model
     screen = model.greedy_screen
 
     def switch(on: bool) -> None:
@@ -105,9 +105,9 @@ def main() -> None:
     command = shlex.join([".venv/bin/python", "benchmarks/greedy_head.py", *sys.argv[1:]])
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     base = LLM()
-    if base.engine.runner.model.greedy_screen is None:
+    if base.engine.worker.model.greedy_screen is None:
         raise SystemExit("no greedy screen on this model (needs fp32 on a CPU with the C kernels)")
-    model = base.engine.runner.model
+    model = base.engine.worker.model
     with torch.inference_mode():
         head = head_alone(model.lm_head, model.greedy_screen, batches)
     steps = [engine_steps(b, args.steps, base) for b in batches]

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "workload_tokens": sum(p + o for p, o in lengths),
         "budget_tokens": budget,
-        "budget_bytes": llm.engine.kv.pool.nbytes,
+        "budget_bytes": llm.engine.worker.pool.nbytes,
         "layouts": [
             {
                 "label": r.label,

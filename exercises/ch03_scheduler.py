@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: 47858d805b55 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: fda4b519e451 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
@@ -13,13 +13,17 @@ into the engine with `LLM(scheduler_cls=Scheduler)`.
 
 from minserve.config import SchedulerConfig
 from minserve.kvcache.manager import KVCacheManager
-from minserve.scheduler.policy import get_policy
-from minserve.scheduler.scheduler import (
-    ScheduledSeq,
+from minserve.messages import (
+    ModelRunnerOutput,
+    SampledTokens,
+    ScheduledChunk,
     SchedulerOutput,
-    SchedulerStats,
 )
+from minserve.request import Request, StopRules
+from minserve.scheduler.policy import get_policy
+from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan
 from minserve.scheduler.sequence import SeqStatus, Sequence
+from minserve.speculative.planner import DraftPlanner
 
 
 # Exercise 3.1: schedule(): running sequences first, then waiting ones
@@ -32,17 +36,29 @@ class Scheduler:
     `LLM(scheduler_cls=Scheduler)`.
     """
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        rules: StopRules | None = None,
+        drafts: DraftPlanner | None = None,
+    ) -> None:
         self.config = config
         self.kv = kv
+        self.rules = rules or StopRules((), 1 << 62)  # what ends a sequence besides its params
+        self.drafts = drafts  # speculative decoding: draft slots per decode
         self.policy = get_policy(config.scheduling_policy, kv)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
+        self.seqs: dict[int, Sequence] = {}  # every live sequence, by id
         self.stats = SchedulerStats()
+        self._finished_ids: list[int] = []  # for the worker: state it may drop
 
     def add(self, seq: Sequence) -> None:
+        """Queue a sequence to (re)compute from its first uncomputed token."""
         seq.status = SeqStatus.WAITING
+        self.seqs[seq.seq_id] = seq
         self.waiting.append(seq)
 
     @property
@@ -50,8 +66,18 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> SchedulerOutput:
+        """This step, as plain data for the worker: the batch `plan()` builds, the slots
+        for speculative drafts, and the block operations decided meanwhile."""
+        plan = self.plan()
+        draft_slots = {}
+        if self.drafts is not None:
+            budget_left = self.config.max_num_batched_tokens - plan.num_batched_tokens
+            draft_slots = self.drafts.reserve(plan.scheduled, budget_left, self.kv, self.rules)
+        return self._output(plan, draft_slots)
+
+    def plan(self) -> StepPlan:
         """This step's batch: swapped sequences back in, running ones, then waiting ones."""
-        out = SchedulerOutput()
+        out = StepPlan()
         budget = self.config.max_num_batched_tokens
         self._swap_in()
         budget = self._schedule_running(out, budget)
@@ -60,7 +86,7 @@ class Scheduler:
         self._release_cached_prefixes()
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: StepPlan, budget: int) -> int:
         """Give each running sequence its tokens, decodes first, preempting when blocks run out.
 
         Visit `self.running` decodes first (`seq.is_decode`), then in policy order
@@ -74,7 +100,7 @@ class Scheduler:
         """
         raise NotImplementedError("Exercise 3.1: schedule(): running sequences first, then waiting ones")
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: StepPlan, budget: int) -> None:
         """Admit waiting sequences in policy order while budget, seats and blocks last.
 
         Sort `self.waiting` by `self.policy` and admit from the front; stop at the first
@@ -107,13 +133,13 @@ class Scheduler:
                 self.kv.free(seq.block_table)
                 seq.num_computed_tokens = 0
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence, out: StepPlan) -> None:
         """Take `seq` off the batch: swap its blocks to host memory, or free them to recompute."""
         self.running.remove(seq)
         self.stats.num_preemptions += 1
         out.preempted.append(seq)
         if self.kv.can_swap_out(seq.block_table):
-            self.kv.swap_out(seq, seq.block_table)
+            self.kv.swap_out(seq.seq_id, seq.block_table)
             seq.status = SeqStatus.SWAPPED
             self.swapped.append(seq)
             self.stats.num_swapped_out += 1
@@ -127,10 +153,10 @@ class Scheduler:
         self.swapped.sort(key=self.policy)
         while self.swapped and self._num_seqs() < self.config.max_num_seqs:
             seq = self.swapped[0]
-            if not self.kv.can_swap_in(seq, headroom=1):
+            if not self.kv.can_swap_in(seq.seq_id, headroom=1):
                 return
             self.swapped.pop(0)
-            self.kv.swap_in(seq, seq.block_table)
+            self.kv.swap_in(seq.seq_id, seq.block_table)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             self.stats.num_swapped_in += 1
@@ -148,8 +174,10 @@ class Scheduler:
             self.kv.free(seq.block_table)  # a recomputing sequence may hold none; harmless
         elif seq.status is SeqStatus.SWAPPED:
             self.swapped.remove(seq)
-            self.kv.discard_swapped(seq)
+            self.kv.discard_swapped(seq.seq_id)
         seq.status = SeqStatus.FINISHED
+        if self.seqs.pop(seq.seq_id, None) is not None:
+            self._finished_ids.append(seq.seq_id)
 
     def fork(self, seq: Sequence) -> list[Sequence]:
         """After a request's prefill: n - 1 siblings sharing the prompt's blocks."""
@@ -167,4 +195,154 @@ class Scheduler:
         ]
         seq.unforked = []
         self.running.extend(siblings)
+        self.seqs.update((s.seq_id, s) for s in siblings)
         return siblings
+
+    # --- the step as data, and its result ---
+
+    def _output(self, plan: StepPlan, draft_slots: dict[int, int]) -> SchedulerOutput:
+        """The planned batch as plain data, with the block operations decided meanwhile."""
+        chunks = tuple(
+            self._chunk_of(s, draft_slots.get(s.seq.seq_id, 0)) for s in plan.scheduled
+        )
+        return SchedulerOutput(
+            chunks=chunks,
+            block_ops=self.kv.take_block_ops(),
+            preempted_seq_ids=tuple(seq.seq_id for seq in plan.preempted),
+        )
+
+    def _chunk_of(self, s: ScheduledSeq, num_draft_slots: int) -> ScheduledChunk:
+        seq, start = s.seq, s.start
+        end = start + s.num_new_tokens
+        samples = ()
+        if end == seq.num_tokens:  # its last token: sample, for it and the siblings it forks
+            family = [seq.sample, *seq.unforked]
+            samples = tuple(sample.sampling_row(self.rules) for sample in family)
+        return ScheduledChunk(
+            seq_id=seq.seq_id,
+            request_id=seq.request_id,
+            token_ids=tuple(seq.token_ids[start:end]),
+            start=start,
+            block_table=tuple(seq.block_table.blocks),
+            samples=samples,
+            num_draft_slots=num_draft_slots,
+        )
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[Request]:
+        """Move every scheduled sequence on by what the step computed and sampled.
+
+        The one writer of `num_computed_tokens`: chunks become computed (and their full
+        blocks cached), accepted drafts too (rejected drafts' slots are rolled back), a
+        finished prefill forks into its n samples, sampled tokens are appended with the
+        stop rules, and finished sequences free their blocks. Returns the requests that
+        got new tokens, in batch order.
+        """
+        if self.drafts is not None and runner_output.timings is not None:
+            timings = runner_output.timings
+            self.drafts.record_costs(
+                runner_output.num_draft_rounds, timings.propose, timings.forward
+            )
+        progressed: dict[str, Request] = {}
+        for chunk in scheduler_output.chunks:
+            seq = self.seqs.get(chunk.seq_id)
+            if seq is None:  # aborted since the step was scheduled
+                continue
+            self._record_cache_hit(seq, chunk.start)
+            seq.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            if self.kv.prefix_cache is not None:  # blocks this step filled join the cache
+                self.kv.cache_computed(seq.block_table, seq.token_ids, seq.num_computed_tokens)
+            sampled = runner_output.sampled.get(chunk.seq_id)
+            if sampled is None:  # a prompt chunk that is not the last one
+                continue
+            family = [seq, *self.fork(seq)] if seq.unforked else [seq]
+            num_drafts = runner_output.num_drafts.get(chunk.seq_id, 0)
+            for member, tokens in zip(family, sampled, strict=True):
+                if self.drafts is not None:
+                    self._accept_drafts(member, num_drafts, tokens, chunk.num_draft_slots)
+                    num_drafts = 0  # siblings forked this step never speculate
+                self._append(member, tokens)
+                progressed[member.request_id] = member.request
+        if self.drafts is not None:
+            self.drafts.release_finished()
+        return list(progressed.values())
+
+    def _record_cache_hit(self, seq: Sequence, start: int) -> None:
+        """A request's first chunk starts after its cached prefix: that many tokens were hits."""
+        request = seq.request
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = start
+            self.stats.num_prefix_cache_queries += len(request.prompt_token_ids)
+            self.stats.num_prefix_cache_hits += start
+
+    def _accept_drafts(
+        self, seq: Sequence, num_drafts: int, tokens: SampledTokens, num_draft_slots: int
+    ) -> None:
+        """Accepted drafts' K/V are computed; the slots of the rest are rolled back."""
+        assert self.drafts is not None
+        num_accepted = len(tokens.token_ids) - 1
+        self.drafts.accept(seq, num_drafts, num_accepted)
+        seq.num_computed_tokens += num_accepted
+        if num_draft_slots:
+            self.kv.truncate(seq.block_table, seq.num_computed_tokens)
+
+    def _append(self, seq: Sequence, tokens: SampledTokens) -> None:
+        """Append sampled tokens until a stop rule ends the sequence (a stop may come inside
+        accepted drafts: the tokens after it are dropped)."""
+        for token, logprobs in zip(tokens.token_ids, tokens.logprobs):
+            seq.sample.append(token, logprobs, self.rules)
+            seq.request.record_token_time()
+            self.stats.num_generation_tokens += 1
+            if seq.sample.finished:
+                self.finish(seq)
+                return
+
+    # --- prefill/decode disaggregation: a sequence leaves after its prefill, or arrives ---
+
+    def detach(self, seq: Sequence) -> None:
+        """Take a running sequence out of scheduling but keep its blocks (a prefill instance
+        sends its KV, then frees them with `free_detached`)."""
+        if seq.status is not SeqStatus.RUNNING or seq.num_uncomputed_tokens != 1:
+            raise ValueError(
+                f"request {seq.request_id!r} is not a running, fully prefilled request"
+            )
+        self.running.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        self.seqs.pop(seq.seq_id, None)
+
+    def free_detached(self, seq: Sequence) -> None:
+        self.kv.free(seq.block_table)
+
+    def resume(self, seq: Sequence, first_token: int, num_computed: int) -> list[int]:
+        """A waiting sequence another instance prefilled: append its first token; with
+        `num_computed` > 0 its first tokens' KV arrives from there, so blocks are allocated
+        for them now (returned, for the caller to fill) and the next step decodes."""
+        self._append(seq, SampledTokens((first_token,), (None,)))
+        if seq.status is SeqStatus.FINISHED or num_computed == 0:
+            return []
+        if not self.kv.can_append(seq.block_table, num_computed):
+            raise MemoryError(
+                f"no room for {num_computed} transferred tokens: "
+                f"{self.kv.allocator.num_free} free blocks of {self.kv.block_size} tokens"
+            )
+        self.waiting.remove(seq)
+        self.kv.append(seq.block_table, num_computed)
+        seq.num_computed_tokens = num_computed
+        seq.request.num_cached_tokens = 0
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        return list(seq.block_table.blocks)
+
+    def take_finished_ids(self) -> list[int]:
+        """Sequences finished or aborted since the last call (the worker drops their state)."""
+        finished, self._finished_ids = self._finished_ids, []
+        return finished
+
+    def sequences_of(self, request_id: str) -> list[Sequence]:
+        return [s for s in self.seqs.values() if s.request_id == request_id]
+
+    def abort_request(self, request_id: str) -> None:
+        """Finish every sequence of a request, wherever it is; its blocks are freed."""
+        for seq in [s for s in self.seqs.values() if s.request_id == request_id]:
+            self.finish(seq)

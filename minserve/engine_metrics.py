@@ -7,10 +7,10 @@ when asked. Names follow vLLM's where it has one.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from minserve.engine import LLMEngine
+from minserve.kvcache.manager import KVCacheManager
+from minserve.scheduler.scheduler import Scheduler, SchedulerStats
+from minserve.step_timings import StepTimings
 
 
 @dataclass
@@ -18,20 +18,19 @@ class EngineCounters:
     """Totals since the engine started (`get_metrics()`)."""
 
     num_steps: int = 0
+    num_prompt_requests: int = 0
     num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
     num_batched_tokens: int = 0
     num_requests_finished: int = 0
     num_requests_aborted: int = 0
     kv_usage_peak: float = 0.0
-    num_prefix_cache_queries: int = 0  # prompt tokens of requests that started
-    num_prefix_cache_hits: int = 0  # ... of which came from the prefix cache
 
 
-def engine_metrics(engine: LLMEngine) -> dict[str, float]:
+def engine_metrics(
+    counters: EngineCounters, scheduler: Scheduler, kv: KVCacheManager, timings: StepTimings
+) -> dict[str, float]:
     """Engine counters and gauges: requests, preemptions and swaps, tokens, KV usage, the
     prefix cache, speculative decoding and where step time went."""
-    counters, scheduler, kv = engine.counters, engine.scheduler, engine.kv
     stats, swap = scheduler.stats, kv.swap
     return {
         "num_steps": counters.num_steps,
@@ -46,34 +45,33 @@ def engine_metrics(engine: LLMEngine) -> dict[str, float]:
         "swap_bytes_out": swap.bytes_out if swap else 0,
         "swap_bytes_in": swap.bytes_in if swap else 0,
         "prompt_tokens": counters.num_prompt_tokens,
-        "generation_tokens": counters.num_generation_tokens,
+        "generation_tokens": stats.num_generation_tokens,
         "batched_tokens": counters.num_batched_tokens,
         "kv_cache_usage": kv.usage,
         "kv_cache_usage_peak": counters.kv_usage_peak,
         "num_blocks": kv.allocator.num_blocks,
         "num_free_blocks": kv.allocator.num_free,
         "block_size": kv.block_size,
-        **prefix_cache_metrics(engine),
-        **(engine.speculator.metrics() if engine.speculator is not None else {}),
-        **{f"step_seconds_{name}": value for name, value in asdict(engine.timings).items()},
+        **prefix_cache_metrics(stats, kv),
+        **(scheduler.drafts.metrics() if scheduler.drafts is not None else {}),
+        **{f"step_seconds_{name}": value for name, value in asdict(timings).items()},
     }
 
 
-def prefix_cache_metrics(engine: LLMEngine) -> dict[str, float]:
+def prefix_cache_metrics(stats: SchedulerStats, kv: KVCacheManager) -> dict[str, float]:
     """vLLM's prefix_cache_queries / _hits (prompt tokens), the hit rate, and our upkeep."""
-    queries = engine.counters.num_prefix_cache_queries
-    hits = engine.counters.num_prefix_cache_hits
-    cache, prefix = engine.kv.prefix_cache, engine.kv.prefix
-    stats = prefix.stats if prefix else None
+    queries, hits = stats.num_prefix_cache_queries, stats.num_prefix_cache_hits
+    cache, prefix = kv.prefix_cache, kv.prefix
+    upkeep = prefix.stats if prefix else None
     host = prefix.host if prefix else None
     return {
         "prefix_cache_queries": queries,
         "prefix_cache_hits": hits,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "prefix_cache_blocks": cache.num_cached_blocks if cache else 0,
-        "prefix_cache_evicted_blocks": stats.evicted_blocks if stats else 0,
-        "prefix_cache_upkeep_seconds": stats.upkeep_seconds if stats else 0.0,
-        "prefix_cache_promoted_blocks": stats.promoted_blocks if stats else 0,
+        "prefix_cache_evicted_blocks": upkeep.evicted_blocks if upkeep else 0,
+        "prefix_cache_upkeep_seconds": upkeep.upkeep_seconds if upkeep else 0.0,
+        "prefix_cache_promoted_blocks": upkeep.promoted_blocks if upkeep else 0,
         "host_tier_bytes_out": host.bytes_demoted if host else 0,
         "host_tier_bytes_in": host.bytes_promoted if host else 0,
     }

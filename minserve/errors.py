@@ -15,3 +15,23 @@ class PromptTooLongError(ValueError):
         )
         self.num_tokens = num_tokens
         self.max_model_len = max_model_len
+
+
+class StepFailedError(RuntimeError):
+    """An engine step raised; `request_ids` are the requests it was running (None: it failed
+    before it had a batch, so any request may be affected). The cause is chained."""
+
+    def __init__(self, request_ids: list[str] | None, cause: BaseException) -> None:
+        super().__init__(f"the engine step failed ({type(cause).__name__}: {cause})")
+        self.request_ids = request_ids
+
+
+class RequestsFailedError(RuntimeError):
+    """A step lost some requests (a disaggregated instance died, say); the others go on.
+
+    An engine raises it from `step()` with the lost ids and the step's other outputs.
+    """
+
+    def __init__(self, message: str, request_ids: list[str], outputs: list) -> None:
+        super().__init__(message)
+        self.request_ids, self.outputs = request_ids, outputs

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from minserve.config import CacheConfig, SchedulerConfig
 from minserve.distributed.launcher import TensorParallelDriver, start_tensor_parallel
 from minserve.engine import LLMEngine
+from minserve.errors import StepFailedError
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.model.loader import LoadedModel, load_model
@@ -81,7 +82,7 @@ class LLM:
             max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy
         )
         self.tensor_parallel: TensorParallelDriver | None = None
-        tp_parts: dict[str, Any] = {}  # rank 0's pool and runner (docs/distributed.md)
+        tp_parts: dict[str, Any] = {}  # rank 0's step peers (docs/distributed.md)
         if tensor_parallel_size != 1:
             self.tensor_parallel = start_tensor_parallel(
                 model, tensor_parallel_size, engine, cache,
@@ -176,7 +177,11 @@ class LLM:
             for (text, ids), sp, prio in zip(tokenized, params, priorities)
         ]
         while self.engine.has_unfinished_requests():
-            bar.update(sum(out.finished for out in self.engine.step()))
+            try:
+                outputs = self.engine.step()
+            except StepFailedError as error:  # offline, the step's own error says it best
+                raise error.__cause__ from None
+            bar.update(sum(out.finished for out in outputs))
         return requests
 
     def _reference_request(self, prompt: Prompt, params: SamplingParams) -> Request:

@@ -1,7 +1,7 @@
 """Where a step's time goes: the scheduler and the engine's bookkeeping versus the model.
 
-`LLMEngine.step()` laps a `PhaseClock` after each phase; the engine keeps the latest step's
-`StepTimings` and their totals (`get_metrics()`). Scheduler overhead is everything that is
+`LLMEngine.step()` and the worker lap a `PhaseClock` after each phase; the engine sums the
+steps' `StepTimings` (`get_metrics()`). Scheduler overhead is everything that is
 neither the model forward, nor the speculative proposer (a draft model's forwards), nor
 sampling: a serving engine wants it to be a few percent of a step (`minserve bench
 scheduler-overhead`).
@@ -48,6 +48,10 @@ class PhaseClock:
 
     def __init__(self) -> None:
         self.timings = StepTimings()
+        self._last = time.perf_counter()
+
+    def skip(self) -> None:
+        """Start the next phase now, charging the time since the last lap to none."""
         self._last = time.perf_counter()
 
     def lap(self, phase: str) -> None:

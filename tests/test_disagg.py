@@ -39,9 +39,9 @@ def _hand_off(
     seq = detach_prefilled(prefill.engine, "r")
     moved = add_prefilled(decode.engine, "r", ids, GREEDY, seq.sample.token_ids[0], with_kv)
     if with_kv and write_kv:
-        kv = prefill.engine.kv.pool.read_blocks(seq.block_table.blocks)
-        decode.engine.kv.pool.write_blocks(moved.block_table.blocks, kv)
-    prefill.engine.kv.free(seq.block_table)
+        kv = prefill.engine.worker.read_blocks(seq.block_table.blocks)
+        decode.engine.worker.write_blocks(moved.block_table.blocks, kv)
+    prefill.engine.scheduler.free_detached(seq)
     while decode.engine.has_unfinished_requests():
         decode.engine.step()
     assert prefill.engine.kv.allocator.num_free == prefill.engine.kv.allocator.num_blocks
@@ -104,7 +104,7 @@ def test_gathered_blocks_are_a_copy_the_pool_can_reuse(model_dir):
     # NCCL sends are asynchronous: the prefill side frees its blocks right after `send`,
     # so what it sends must not alias the pool.
     llm = LLM(model_dir, block_size=4, num_blocks=8)
-    pool = llm.engine.kv.pool
+    pool = llm.engine.worker.pool
     pool.kv.normal_()
     sent = pool.gather_blocks([5, 2])  # [layers, 2, 2, bs, Hkv, D]
     expected = pool.kv[:, :, [5, 2]].clone()
@@ -124,7 +124,7 @@ def test_two_processes_match_colocated_greedy(model_dir, colocated):
             assert all(o.finished for o in outputs)
         one = pair.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=1))
         assert one[0].outputs[0].token_ids == colocated[0][:1]  # never left the prefill side
-        block_bytes = pair.llm.engine.kv.pool.block_nbytes
+        block_bytes = pair.llm.engine.worker.pool.block_nbytes
         lengths = [len(o.prompt_token_ids) for o in outputs]
         assert pair.transfer.stats.kv_bytes == sum(-(-n // 4) for n in lengths) * block_bytes
         assert pair.transfer.stats.num_transfers == len(PROMPTS)  # only the transfer round

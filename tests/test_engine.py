@@ -151,7 +151,7 @@ def test_abort_mid_chunked_prefill_frees_every_block(tiny_model) -> None:
     engine.add_request("short", None, [7, 8, 9], params)
     engine.step()
     engine.step()
-    long_seq = engine.requests["long"].seqs[0]
+    (long_seq,) = engine.scheduler.sequences_of("long")
     assert 0 < long_seq.num_computed_tokens < 40 and long_seq.block_table.blocks
     engine.abort_request("long")
     while engine.has_unfinished_requests():
@@ -168,7 +168,7 @@ def test_abort_of_waiting_running_and_swapped_requests_frees_everything(tiny_mod
         engine.add_request(str(i), None, list(range(20 + i, 32 + i)), params)
     for _ in range(12):
         engine.step()
-    statuses = {s.status.value for t in engine.requests.values() for s in t.seqs}
+    statuses = {s.status.value for s in engine.scheduler.seqs.values()}
     assert len(statuses) >= 2  # a mix of running, waiting and swapped
     for request_id in list(engine.requests):
         engine.abort_request(request_id)

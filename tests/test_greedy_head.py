@@ -97,7 +97,7 @@ def test_plain_greedy_rows_are_the_ones_the_sampler_answers_with_argmax() -> Non
 
 def test_the_engine_gives_the_same_tokens_with_and_without_the_screen(tiny_model) -> None:
     llm = LLM(tiny_model("llama"))
-    model = llm.engine.runner.model
+    model = llm.engine.worker.model
     assert isinstance(model.greedy_screen, GreedyScreen)  # attached at load on a CPU
     calls = []
     tokens = model.greedy_screen.tokens

@@ -8,6 +8,9 @@ import torch
 
 from minserve.config import DEFAULT_KV_CACHE_BYTES, CacheConfig
 from minserve.kvcache import HostSwapSpace, PagedKVPool, SwapSpaceFullError
+from minserve.kvcache.block_ops import apply_block_ops
+from minserve.kvcache.host_store import HostBlockStore
+from minserve.messages import CopyBlocks, SwapOut
 from minserve.model.config import ModelConfig
 
 
@@ -140,56 +143,70 @@ def test_write_blocks_checks_the_shape():
 # --- the host swap space --------------------------------------------------------------------
 
 
+def _swap(capacity_blocks: int) -> HostSwapSpace:
+    return HostSwapSpace(capacity_blocks * BLOCK_BYTES, BLOCK_BYTES)
+
+
 def test_swap_out_then_in_restores_the_blocks_elsewhere():
-    pool, swap = _pool(), HostSwapSpace(3 * BLOCK_BYTES)
+    pool, swap, store = _pool(), _swap(3), HostBlockStore()
     original = pool.kv[:, :, [1, 2]].clone()
-    swap.swap_out("seq-a", pool, [1, 2])
-    assert "seq-a" in swap and swap.num_blocks("seq-a") == 2
+    apply_block_ops([swap.swap_out(7, [1, 2])], pool, store, HostBlockStore())
+    assert 7 in swap and swap.num_blocks(7) == 2
     assert (swap.used_bytes, swap.bytes_out, swap.bytes_in) == (2 * BLOCK_BYTES, 2 * BLOCK_BYTES, 0)
     pool.kv.zero_()  # the blocks are reused by other sequences meanwhile
-    swap.swap_in("seq-a", pool, [4, 0])
+    apply_block_ops([swap.swap_in(7, [4, 0])], pool, store, HostBlockStore())
     assert torch.equal(pool.kv[:, :, [4, 0]], original)
-    assert "seq-a" not in swap
+    assert 7 not in swap and 7 not in store
     assert (swap.used_bytes, swap.bytes_out, swap.bytes_in) == (0, 2 * BLOCK_BYTES, 2 * BLOCK_BYTES)
 
 
+def test_block_ops_run_in_the_order_they_were_decided():
+    """A block swapped out and then given to another sequence (a copy writes it) is read
+    before it is written."""
+    pool, store = _pool(), HostBlockStore()
+    pool.kv[:, :, 2] = 2.0
+    pool.kv[:, :, 3] = 3.0
+    apply_block_ops([SwapOut(7, (2,)), CopyBlocks(3, 2)], pool, store, HostBlockStore())
+    assert bool((store.get(7) == 2.0).all()) and bool((pool.kv[:, :, 2] == 3.0).all())
+
+
 def test_can_swap_out_compares_with_the_remaining_capacity():
-    swap = HostSwapSpace(3 * BLOCK_BYTES)
-    swap.swap_out("seq-a", _pool(), [0])
-    assert swap.can_swap_out(2, BLOCK_BYTES) and not swap.can_swap_out(3, BLOCK_BYTES)
+    swap = _swap(3)
+    swap.swap_out(7, [0])
+    assert swap.can_swap_out(2) and not swap.can_swap_out(3)
 
 
 def test_swapping_out_more_than_the_capacity_raises_and_stores_nothing():
-    swap = HostSwapSpace(3 * BLOCK_BYTES)
+    swap = _swap(3)
     with pytest.raises(SwapSpaceFullError, match="4 blocks needs 4096 bytes, but only 3072 of"):
-        swap.swap_out("seq-a", _pool(), [0, 1, 2, 3])
-    assert "seq-a" not in swap and (swap.used_bytes, swap.bytes_out) == (0, 0)
+        swap.swap_out(7, [0, 1, 2, 3])
+    assert 7 not in swap and (swap.used_bytes, swap.bytes_out) == (0, 0)
 
 
 def test_swap_in_into_the_wrong_number_of_blocks_raises_and_keeps_the_copy():
-    pool, swap = _pool(), HostSwapSpace(3 * BLOCK_BYTES)
-    swap.swap_out("seq-a", pool, [1, 2])
+    swap = _swap(3)
+    swap.swap_out(7, [1, 2])
     with pytest.raises(ValueError, match="swapped out with 2 blocks, but 1 blocks were given"):
-        swap.swap_in("seq-a", pool, [4])
-    assert swap.num_blocks("seq-a") == 2 and swap.bytes_in == 0
+        swap.swap_in(7, [4])
+    assert swap.num_blocks(7) == 2 and swap.bytes_in == 0
 
 
 def test_discard_frees_the_space_without_copying_back():
-    pool, swap = _pool(), HostSwapSpace(2 * BLOCK_BYTES)
-    swap.swap_out("seq-a", pool, [1, 2])
-    swap.discard("seq-a")
-    assert (swap.used_bytes, swap.bytes_in) == (0, 0) and "seq-a" not in swap
-    swap.swap_out("seq-b", pool, [3, 4])  # the space is usable again
+    pool, swap, store = _pool(), _swap(2), HostBlockStore()
+    apply_block_ops([swap.swap_out(7, [1, 2])], pool, store, HostBlockStore())
+    apply_block_ops([swap.discard(7)], pool, store, HostBlockStore())
+    assert (swap.used_bytes, swap.bytes_in) == (0, 0) and 7 not in swap and 7 not in store
+    swap.swap_out(8, [3, 4])  # the space is usable again
 
 
 def test_unknown_or_repeated_sequences_are_errors():
-    pool, swap = _pool(), HostSwapSpace(3 * BLOCK_BYTES)
-    with pytest.raises(KeyError, match="sequence 'seq-x' is not swapped out"):
-        swap.swap_in("seq-x", pool, [0])
-    swap.swap_out("seq-a", pool, [1])
-    with pytest.raises(ValueError, match="sequence 'seq-a' is already swapped out"):
-        swap.swap_out("seq-a", pool, [2])
+    swap = _swap(3)
+    with pytest.raises(KeyError, match="sequence 9 is not swapped out"):
+        swap.swap_in(9, [0])
+    swap.swap_out(7, [1])
+    with pytest.raises(ValueError, match="sequence 7 is already swapped out"):
+        swap.swap_out(7, [2])
 
 
 def test_swap_space_from_config_is_given_in_gib():
-    assert HostSwapSpace.from_config(CacheConfig(swap_space=0.5)).capacity_bytes == 1 << 29
+    assert HostSwapSpace.from_config(CacheConfig(swap_space=0.5), 1).capacity_bytes == 1 << 29

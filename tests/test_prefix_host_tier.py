@@ -47,7 +47,7 @@ def test_evicted_prefixes_come_back_from_the_host(tiny_model, expected) -> None:
     ideal = 12 * 16 / (16 * 18)  # every request but each prefix's first reuses 16 tokens
     assert metrics["prefix_cache_hit_rate"] == pytest.approx(ideal)  # 0 without the tier
     assert metrics["prefix_cache_promoted_blocks"] > 0
-    block_bytes = llm.engine.kv.pool.block_nbytes
+    block_bytes = llm.engine.worker.pool.block_nbytes
     assert metrics["host_tier_bytes_in"] == metrics["prefix_cache_promoted_blocks"] * block_bytes
     assert metrics["host_tier_bytes_out"] >= metrics["host_tier_bytes_in"]
 

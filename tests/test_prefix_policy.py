@@ -5,12 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from test_engine import token_ids
-from test_radix_properties import TINY
 
 from minserve import LLM, SamplingParams
-from minserve.kvcache import BlockAllocator, PagedKVPool
+from minserve.kvcache import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.request import Request
@@ -21,9 +19,8 @@ from minserve.scheduler.sequence import Sequence
 
 def _kv(prefix_cache: bool = True) -> KVCacheManager:
     allocator = BlockAllocator(32)
-    pool = PagedKVPool(TINY, 32, 2, torch.float32, "cpu")
     return KVCacheManager(
-        allocator, pool, prefix_cache=RadixCache(2, allocator) if prefix_cache else None
+        allocator, 2, prefix_cache=RadixCache(2, allocator) if prefix_cache else None
     )
 
 

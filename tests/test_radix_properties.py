@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minserve.kvcache import BlockAllocator, BlockTable, PagedKVPool
+from minserve.kvcache.block_ops import apply_block_ops
+from minserve.kvcache.host_store import HostBlockStore
 from minserve.kvcache.host_tier import HostPrefixTier, TierCosts
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import RadixCache, RadixNode
@@ -79,11 +81,17 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.pool = PagedKVPool(TINY, NUM_BLOCKS, BS, torch.float32, "cpu")
         self.cache = RadixCache(BS, allocator)
         copy_always = TierCosts(copy_bytes_per_s=1e18, prefill_tokens_per_s=1.0)
+        nbytes = self.pool.block_nbytes
         host = (
-            HostPrefixTier(self.host_blocks, self.pool, copy_always) if self.host_blocks else None
+            HostPrefixTier(self.host_blocks, BS, nbytes, copy_always) if self.host_blocks else None
         )
-        self.kv = KVCacheManager(allocator, self.pool, prefix_cache=self.cache, host_tier=host)
+        self.kv = KVCacheManager(allocator, BS, prefix_cache=self.cache, host_tier=host)
+        self.swap_store, self.tier_store = HostBlockStore(), HostBlockStore()
         self.tables: list[tuple[BlockTable, list[int]]] = []  # running requests, their tokens
+
+    def _copy(self) -> None:
+        """Carry out the block copies the manager decided (as the worker does)."""
+        apply_block_ops(self.kv.take_block_ops(), self.pool, self.swap_store, self.tier_store)
 
     def _stored(self, block: int, offset: int) -> float:
         return float(self.pool.kv[0, 0, block, offset, 0, 0])
@@ -100,6 +108,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             return False
         first = table.num_tokens
         self.kv.append(table, count)
+        self._copy()
         cached = {b for n in _nodes(self.cache.root) for b in n.blocks}  # cached as scheduled
         for p in range(first, table.num_tokens):
             block, offset = divmod(table.slot(p), BS)
@@ -113,6 +122,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def start_request(self, prompt: list[int]) -> None:
         table = self.kv.new_table()
         cached = self.kv.reuse_prefix(table, prompt)
+        self._copy()
         assert cached % BS == 0 and cached < len(prompt)
         self._assert_holds(table.blocks, prompt, cached)  # a hit must be the prompt's own KV
         if self._compute(table, prompt, len(prompt) - cached):
@@ -146,6 +156,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         """Ask for `count` more free blocks, as the engine does when the pool runs short."""
         free, evictable = self.kv.allocator.num_free, self.cache.num_evictable_blocks
         self.kv.prefix.make_room(free + count)
+        self._copy()
         assert self.kv.allocator.num_free == free + min(count, evictable)
 
     @rule()
@@ -155,6 +166,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             self.kv.free(table)
         self.tables = []
         self.kv.prefix.make_room(NUM_BLOCKS)  # nothing is locked any more
+        self._copy()
         assert self.cache.num_cached_blocks == 0
         assert self.kv.allocator.num_free == NUM_BLOCKS
 
@@ -199,7 +211,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def host_copies_hold_their_prefix(self) -> None:
         host = self.kv.prefix.host
-        for prefix, data in host._blocks.items() if host else ():  # [1, 2, 1, BS, 1, D]
+        for prefix, slot in host._slots.items() if host else ():
+            data = self.tier_store.get(slot)  # [1, 2, 1, BS, 1, D]
             for offset in range(BS):
                 end = len(prefix) - BS + offset + 1
                 assert float(data[0, 0, 0, offset, 0, 0]) == kv_value(prefix[:end])

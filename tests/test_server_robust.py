@@ -55,8 +55,8 @@ def oracle(llm: LLM) -> LLM:
 @pytest.fixture
 def live(llm: LLM, monkeypatch) -> Iterator[tuple[BackgroundServer, FailingForward]]:
     """A fresh server (one seat: a second request waits) whose forward can be made to fail."""
-    failing = FailingForward(llm.engine.runner.sampled_hidden, delay_s=0.003)
-    monkeypatch.setattr(llm.engine.runner, "sampled_hidden", failing)
+    failing = FailingForward(llm.engine.worker.runner.sampled_hidden, delay_s=0.003)
+    monkeypatch.setattr(llm.engine.worker.runner, "sampled_hidden", failing)
     background = BackgroundServer(build_server(llm, ServerConfig(MODEL)))
     background.start()
     yield background, failing

@@ -17,7 +17,6 @@ from minserve import LLM, SamplingParams
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.speculative.config import SpeculativeConfig
-from minserve.speculative.kv_rollback import truncate
 from minserve.speculative.ngram import NgramProposer
 from minserve.speculative.verify import accepted_length
 
@@ -79,10 +78,10 @@ def test_accepted_length_stops_at_first_disagreement() -> None:
 def test_truncate_frees_blocks_past_the_kept_tokens() -> None:
     allocator, table = BlockAllocator(8), BlockTable(4)
     table.append(allocator, 11)  # 3 blocks
-    truncate(table, allocator, 5)
+    table.truncate(allocator, 5)
     assert (len(table.blocks), table.num_tokens, allocator.num_free) == (2, 5, 6)
     with pytest.raises(ValueError, match="cannot truncate"):
-        truncate(table, allocator, 6)
+        table.truncate(allocator, 6)
 
 
 @pytest.mark.parametrize(
@@ -206,7 +205,7 @@ def test_draft_model_identical_to_target_is_always_accepted(model, workload, exp
     assert metrics["spec_decode_num_draft_tokens"] > 0
     assert metrics["spec_decode_acceptance_rate"] == 1.0
     assert_all_blocks_free(llm.engine)
-    draft = llm.engine.speculator.proposer
+    draft = llm.engine.worker.speculator.proposer
     assert draft.allocator.num_free == draft.allocator.num_blocks and not draft.states
 
 

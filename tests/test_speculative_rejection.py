@@ -271,7 +271,7 @@ def test_greedy_identity_with_adaptive_draft_length(llama, tiny_model, method) -
     assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == expected
     assert llm.get_metrics()["spec_decode_num_draft_tokens"] > 0
     assert_all_blocks_free(llm.engine)
-    assert not llm.engine.speculator.lengths.estimates  # forgotten when they finished
+    assert not llm.engine.scheduler.drafts.lengths.estimates  # forgotten when they finished
 
 
 class Oracle:
@@ -281,14 +281,13 @@ class Oracle:
     def __init__(self, continuation: list[int], right: bool) -> None:
         self.continuation, self.shift, self.limits = continuation, 0 if right else 1, []
 
-    def propose(self, seqs, limits, rows) -> list[Draft]:
-        if not seqs:  # the prefill step
-            return []
-        (seq,), (limit,) = seqs, limits
-        room = seq.sample.params.max_tokens - len(seq.sample.token_ids) - 1
+    def propose(self, chunks, limits) -> list[Draft]:
+        (chunk,), (limit,) = chunks, limits
+        row = chunk.samples[0]
+        room = row.params.max_tokens - len(row.output_token_ids) - 1
         if room > limit:  # not capped by max_tokens: the policy's own choice
             self.limits.append(limit)
-        done = len(seq.sample.token_ids)
+        done = len(row.output_token_ids)
         guess = self.continuation[done : done + limit]
         return [Draft([(t + self.shift) % VOCAB for t in guess])]
 
@@ -306,14 +305,14 @@ def test_adaptive_length_follows_acceptance(target_llm, right) -> None:
             "draft_length": "adaptive",
         },
     )
-    oracle = llm.engine.speculator.proposer = Oracle(continuation, right)
+    oracle = llm.engine.worker.speculator.proposer = Oracle(continuation, right)
     assert token_ids(llm.generate([PROMPT], params, use_tqdm=False)) == [continuation]
     first, last = oracle.limits[0], oracle.limits[-3:]
     if right:
         assert 1 < first < k and last == [k] * 3, oracle.limits  # rises to k
     else:
         assert first > 1 and last == [1] * 3, oracle.limits  # falls to 1
-    assert not llm.engine.speculator.lengths.estimates
+    assert not llm.engine.scheduler.drafts.lengths.estimates
 
 
 def test_best_draft_length_maximises_the_expected_speedup() -> None:
@@ -385,9 +384,8 @@ def test_sampled_drafts_with_aborts_leave_every_block_free(pair, method) -> None
     assert metrics["num_requests_aborted"] > 0 and metrics["spec_decode_num_accepted_tokens"] > 0
     assert sum(map(len, recording.calls.values())) > 20  # sampled drafts were verified
     assert_all_blocks_free(engine)
-    speculator = engine.speculator
-    assert not speculator.lengths.estimates
-    draft = speculator.proposer
+    assert not engine.scheduler.drafts.lengths.estimates
+    draft = engine.worker.speculator.proposer
     if hasattr(draft, "allocator"):
         assert draft.allocator.num_free == draft.allocator.num_blocks and not draft.states
 

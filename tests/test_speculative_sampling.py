@@ -29,10 +29,10 @@ class PathProposer:
     def __init__(self, best_next: dict[tuple[int, ...], int]) -> None:
         self.best_next = best_next
 
-    def propose(self, seqs, limits: list[int], rows) -> list[Draft]:
+    def propose(self, chunks, limits: list[int]) -> list[Draft]:
         guesses = []
-        for seq, k in zip(seqs, limits):
-            path, guess = tuple(seq.token_ids[len(PROMPT) :]), []
+        for chunk, k in zip(chunks, limits):
+            path, guess = tuple(chunk.history()[len(PROMPT) :]), []
             while len(guess) < k and path in self.best_next:
                 guess.append(self.best_next[path])
                 path += (guess[-1],)
@@ -92,7 +92,7 @@ def test_speculative_sampling_matches_target_distribution(tiny_model, params) ->
         max_num_batched_tokens=8192,
         speculative_config={"method": "ngram", "num_speculative_tokens": LENGTH - 1},
     )
-    llm.engine.speculator.proposer = PathProposer(best_next)
+    llm.engine.worker.speculator.proposer = PathProposer(best_next)
     seeded = [replace(params, seed=seed) for seed in range(NUM_SAMPLES)]
     outputs = llm.generate([PROMPT] * NUM_SAMPLES, seeded, use_tqdm=False)
     counts = collections.Counter(tuple(out.outputs[0].token_ids) for out in outputs)

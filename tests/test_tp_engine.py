@@ -76,9 +76,25 @@ def test_a_model_that_does_not_split_is_refused_before_any_process_starts(tiny_m
         LLM(tiny_model("llama"), tensor_parallel_size=3)
 
 
+def test_tp2_swaps_each_ranks_heads_and_gives_tp1s_tokens(tiny_model, deadline) -> None:
+    """Preempted sequences swap out and back in on every rank (its own heads, its own host
+    memory), driven by the block operations rank 0 broadcasts."""
+    path = tiny_model("llama")
+    options = dict(num_blocks=12, block_size=2, swap_space=0.001)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    prompts = [list(range(20 + i, 28 + i)) for i in range(5)]
+    single = LLM(path, **options)
+    expected = _tokens(single, prompts, params)
+    assert single.get_metrics()["num_swapped_out"] > 0  # the workload does swap
+    llm = LLM(path, tensor_parallel_size=2, **options)
+    try:
+        assert _tokens(llm, prompts, params) == expected
+        assert llm.get_metrics()["num_swapped_in"] > 0
+    finally:
+        llm.shutdown()
+
+
 def test_options_tensor_parallel_cannot_honour_are_refused(tiny_model) -> None:
     path = tiny_model("llama")
-    with pytest.raises(ValueError, match="swap_space > 0 is not supported"):
-        LLM(path, swap_space=1, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="not engine='reference'"):
         LLM(path, engine="reference", tensor_parallel_size=2)

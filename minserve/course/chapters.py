@@ -113,13 +113,17 @@ CHAPTERS: tuple[Chapter, ...] = (
             '"""\n\n'
             "from minserve.config import SchedulerConfig\n"
             "from minserve.kvcache.manager import KVCacheManager\n"
-            "from minserve.scheduler.policy import get_policy\n"
-            "from minserve.scheduler.scheduler import (\n"
-            "    ScheduledSeq,\n"
+            "from minserve.messages import (\n"
+            "    ModelRunnerOutput,\n"
+            "    SampledTokens,\n"
+            "    ScheduledChunk,\n"
             "    SchedulerOutput,\n"
-            "    SchedulerStats,\n"
             ")\n"
+            "from minserve.request import Request, StopRules\n"
+            "from minserve.scheduler.policy import get_policy\n"
+            "from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan\n"
             "from minserve.scheduler.sequence import SeqStatus, Sequence\n"
+            "from minserve.speculative.planner import DraftPlanner\n"
         ),
         checks="minserve.course.checks_ch03",
     ),

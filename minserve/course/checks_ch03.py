@@ -1,9 +1,9 @@
 """Checks for chapter 03 (continuous batching), run against any module that defines
 `Scheduler`: minserve's own, the solutions, or a student's exercise file.
 
-Each check builds a real KV cache (a `BlockAllocator` over the `PagedKVPool` of a tiny
+Each check builds a real KV cache manager (a `BlockAllocator` and block tables of a tiny
 model, blocks of 2 tokens), puts a few sequences in it whose fate can be worked out on
-paper, calls `Scheduler(config, kv).schedule()` and compares the batch, written as
+paper, calls `Scheduler(config, kv).plan()` and compares the batch, written as
 (request, tokens) pairs, with what it should be. `_advance` plays the engine's part
 between steps: the scheduled tokens are computed, and a sequence whose tokens are all
 computed samples one more.
@@ -14,40 +14,21 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-import torch
-
 from minserve.config import SchedulerConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
-from minserve.kvcache.paged_pool import PagedKVPool
-from minserve.model.config import ModelConfig
 from minserve.request import Request
 from minserve.sampling_params import SamplingParams
-from minserve.scheduler.scheduler import SchedulerOutput
+from minserve.scheduler.scheduler import StepPlan
 from minserve.scheduler.sequence import SeqStatus, Sequence
 
-_TINY = ModelConfig(
-    architecture="llama",
-    vocab_size=32,
-    hidden_size=8,
-    intermediate_size=16,
-    num_layers=1,
-    num_heads=1,
-    num_kv_heads=1,
-    head_dim=8,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-)
 BLOCK_SIZE = 2
 Batch = list[tuple[str, int]]
 
 
 def _scheduler(impl: ModuleType, num_blocks: int, budget: int, max_num_seqs: int = 8) -> Any:
     """The implementation's Scheduler over a fresh KV cache of `num_blocks` blocks."""
-    pool = PagedKVPool(_TINY, num_blocks, BLOCK_SIZE, torch.float32, "cpu")
-    kv = KVCacheManager(BlockAllocator(num_blocks), pool)
+    kv = KVCacheManager(BlockAllocator(num_blocks), BLOCK_SIZE)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     return impl.Scheduler(config, kv)
 
@@ -83,7 +64,7 @@ def _running(
     return seq
 
 
-def _advance(out: SchedulerOutput) -> None:
+def _advance(out: StepPlan) -> None:
     """The engine's part of a step: compute the scheduled tokens, sample when done."""
     for scheduled in out.scheduled:
         scheduled.seq.num_computed_tokens += scheduled.num_new_tokens
@@ -91,7 +72,7 @@ def _advance(out: SchedulerOutput) -> None:
             scheduled.seq.sample.token_ids.append(7)
 
 
-def _batch(out: SchedulerOutput) -> Batch:
+def _batch(out: StepPlan) -> Batch:
     return [(s.seq.request.request_id, s.num_new_tokens) for s in out.scheduled]
 
 
@@ -99,7 +80,7 @@ def _names(seqs: list[Sequence]) -> list[str]:
     return [seq.request.request_id for seq in seqs]
 
 
-def _assert_batch(out: SchedulerOutput, expected: Batch, what: str) -> None:
+def _assert_batch(out: StepPlan, expected: Batch, what: str) -> None:
     got = _batch(out)
     assert got == expected, f"{what}: expected the batch {expected}, got {got}  (request, tokens)"
 
@@ -110,7 +91,7 @@ def check_decodes_run_before_prefill_chunks(impl: ModuleType) -> None:
     _running(scheduler, "long", prompt_len=20, arrival=0, computed=8)  # mid-prefill
     _running(scheduler, "chat", prompt_len=3, arrival=1)  # decoding
     _assert_batch(
-        scheduler.schedule(),
+        scheduler.plan(),
         [("chat", 1), ("long", 7)],
         "'long' has 12 prompt tokens to go and 'chat' decodes, budget 8",
     )
@@ -121,7 +102,7 @@ def check_a_long_prompt_is_chunked_to_the_budget(impl: ModuleType) -> None:
     scheduler = _scheduler(impl, num_blocks=32, budget=8)
     _waiting(scheduler, "long", prompt_len=20, arrival=0)
     for step, tokens in enumerate([8, 8, 4, 1], start=1):
-        out = scheduler.schedule()
+        out = scheduler.plan()
         _assert_batch(out, [("long", tokens)], f"step {step} of a 20-token prompt, budget 8")
         _advance(out)
 
@@ -133,7 +114,7 @@ def check_max_num_seqs_caps_the_batch(impl: ModuleType) -> None:
     for arrival, name in enumerate(["a", "b", "c"]):
         third = _waiting(scheduler, name, prompt_len=2, arrival=arrival)
     for step, tokens in enumerate([2, 1], start=1):
-        out = scheduler.schedule()
+        out = scheduler.plan()
         _assert_batch(out, [("a", tokens), ("b", tokens)], f"step {step}, max_num_seqs=2")
         _advance(out)
     assert _names(scheduler.waiting) == ["c"] and not third.block_table.blocks, (
@@ -148,7 +129,7 @@ def check_waiting_requests_are_admitted_first_come_first_served(impl: ModuleType
     for name, arrival in [("c", 2), ("a", 0), ("b", 1)]:
         _waiting(scheduler, name, prompt_len=3, arrival=arrival)
     _assert_batch(
-        scheduler.schedule(),
+        scheduler.plan(),
         [("a", 3), ("b", 3), ("c", 3)],
         "'c', 'a', 'b' queued (arrived at 2, 0, 1)",
     )
@@ -165,7 +146,7 @@ def check_admission_stops_at_the_first_request_that_does_not_fit(impl: ModuleTyp
     for arrival, (name, prompt_len) in enumerate([("a", 4), ("b", 4), ("c", 1)]):
         _waiting(scheduler, name, prompt_len, arrival)
     _assert_batch(
-        scheduler.schedule(),
+        scheduler.plan(),
         [("a", 4)],
         "3 free blocks of 2 tokens for prompts of 4, 4 and 1 tokens (first come, first served)",
     )
@@ -179,7 +160,7 @@ def check_out_of_blocks_preempts_the_newest_running_sequence(impl: ModuleType) -
     scheduler = _scheduler(impl, num_blocks=6, budget=16)
     for name, arrival in [("a", 0), ("c", 2), ("b", 1)]:  # running in this list order
         _running(scheduler, name, prompt_len=4, arrival=arrival)  # 2 full blocks each
-    out = scheduler.schedule()
+    out = scheduler.plan()
     assert _names(out.preempted) == ["c"], (
         "three decodes, each needing a new block, and no free block: expected to preempt "
         f"'c' (the newest), got out.preempted == {_names(out.preempted)}"
@@ -206,7 +187,7 @@ def check_a_step_that_preempted_admits_no_one(impl: ModuleType) -> None:
     scheduler = _scheduler(impl, num_blocks=4, budget=3)
     _running(scheduler, "a", prompt_len=4, arrival=0)
     _running(scheduler, "b", prompt_len=4, arrival=1)
-    out = scheduler.schedule()
+    out = scheduler.plan()
     _assert_batch(
         out,
         [("a", 1)],
@@ -215,7 +196,7 @@ def check_a_step_that_preempted_admits_no_one(impl: ModuleType) -> None:
     )
     _advance(out)
     _assert_batch(
-        scheduler.schedule(),
+        scheduler.plan(),
         [("a", 1), ("b", 2)],
         "the next step: 'b' is admitted again and recomputes from its first token",
     )
@@ -225,7 +206,7 @@ def check_a_sequence_with_no_one_to_preempt_preempts_itself(impl: ModuleType) ->
     """A lone sequence that cannot grow is preempted itself, and the step is empty."""
     scheduler = _scheduler(impl, num_blocks=2, budget=16)
     _running(scheduler, "a", prompt_len=4, arrival=0)  # both blocks, full
-    out = scheduler.schedule()
+    out = scheduler.plan()
     got = (_batch(out), _names(out.preempted), _names(scheduler.waiting))
     assert got == ([], ["a"], ["a"]), (
         "'a' needs a third block of a 2-block pool: expected (batch, preempted, waiting) == "

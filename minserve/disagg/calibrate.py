@@ -1,7 +1,7 @@
 """Calibrate the simulator: measure prefill and decode step times on the real engine.
 
 Prefill steps of each prompt length, then decode steps of each batch size, timed around
-`LLMEngine.step()`; what each step really ran is read back from `engine.last_batch`, so
+`LLMEngine.step()`; what each step really ran is read back from its scheduler output, so
 a measurement never claims a shape the scheduler did not run. `fit_step_costs` turns them
 into `StepCosts`.
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from minserve.disagg.costs import StepCosts, StepMeasurement, fit_step_costs
-from minserve.engine import LLMEngine
+from minserve.engine import LLMEngine, observe_steps
 from minserve.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -24,13 +24,13 @@ _ids = itertools.count()
 
 def timed_step(engine: LLMEngine) -> StepMeasurement:
     """One engine step, with what it ran: prompt tokens prefilled and sequences decoded."""
-    start = time.perf_counter()
-    engine.step()
-    seconds = time.perf_counter() - start
-    scheduled = engine.last_batch.scheduled
-    decodes = sum(1 for s in scheduled if s.start > 0 and s.num_new_tokens == 1)
-    prefill_tokens = engine.last_batch.num_batched_tokens - decodes
-    return StepMeasurement(prefill_tokens, decodes, seconds)
+    with observe_steps(engine) as records:
+        start = time.perf_counter()
+        engine.step()
+        seconds = time.perf_counter() - start
+    batch = records[-1].scheduler_output
+    decodes = sum(1 for c in batch.chunks if c.is_decode)
+    return StepMeasurement(batch.num_batched_tokens - decodes, decodes, seconds)
 
 
 def _add(engine: LLMEngine, prompt_len: int, max_tokens: int) -> None:
@@ -78,7 +78,7 @@ def measure_steps(
 
 def calibrate(engine: LLMEngine, **shapes: tuple[int, ...]) -> StepCosts:
     """Measured step costs of `engine`, with its KV bytes per token (for transfers)."""
-    pool = engine.kv.pool
+    pool = engine.worker.pool
     return fit_step_costs(measure_steps(engine, **shapes), pool.block_nbytes // pool.block_size)
 
 

@@ -33,6 +33,7 @@ from minserve.disagg.pd_worker import DECODE_RANK, PairSpec, decode_main, join_p
 from minserve.disagg.transfer_rule import TransferDecision, TransferRule, measure_link
 from minserve.disagg.wire import recv_json, send_json
 from minserve.distributed.group import free_port
+from minserve.engine import observe_steps
 from minserve.llm import LLM
 from minserve.outputs import CompletionOutput, RequestOutput
 from minserve.request import Request
@@ -133,14 +134,14 @@ class PrefillDecodePair:
     def _hand_off(self, leaving: list[Sequence]) -> None:
         """Offer, get acks, send accepted KV, then free rank 0's copies."""
         send_json({"stop": False}, DECODE_RANK)
-        pool = self.llm.engine.kv.pool
-        offers = [self._offer(seq, pool.block_nbytes) for seq in leaving]
+        worker = self.llm.engine.worker
+        offers = [self._offer(seq, worker.pool.block_nbytes) for seq in leaving]
         accepted = self.transfer.offer(offers)
         for seq, ok in zip(leaving, accepted):
             if ok:
-                self.transfer.send_blocks(pool.gather_blocks(seq.block_table.blocks))
+                self.transfer.send_blocks(worker.read_blocks(seq.block_table.blocks))
         for seq in leaving:
-            self.llm.engine.kv.free(seq.block_table)
+            self.llm.engine.scheduler.free_detached(seq)
 
     def _offer(self, seq: Sequence, block_nbytes: int) -> KVOffer:
         request = seq.request
@@ -154,8 +155,11 @@ class PrefillDecodePair:
         engine = self.llm.engine
         if not engine.has_unfinished_requests():
             return []
-        outputs = engine.step()
-        self.rule.observe_prefill(engine.last_batch.num_batched_tokens, engine.last_timings.forward)
+        with observe_steps(engine) as records:
+            outputs = engine.step()
+        for record in records:
+            batch, forward = record.scheduler_output, record.timings.forward
+            self.rule.observe_prefill(batch.num_batched_tokens, forward)
         leaving = []
         for output in outputs:
             if output.finished:

@@ -117,11 +117,11 @@ def admit(engine: LLMEngine, offer: KVOffer) -> tuple[Sequence, bool]:
 
 
 def receive_into_blocks(engine: LLMEngine, transfer: TorchKVTransfer, seq: Sequence) -> None:
-    pool = engine.kv.pool
+    pool = engine.worker.pool
     blocks = seq.block_table.blocks
     layers, kv, _, *tail = pool.kv.shape  # [layers, 2, num_blocks, block_size, Hkv, D]
     data = transfer.receive_blocks((layers, kv, len(blocks), *tail), pool.dtype)
-    pool.write_blocks(blocks, data)
+    engine.worker.write_blocks(blocks, data)
 
 
 def finished_json(output: RequestOutput) -> dict[str, Any]:

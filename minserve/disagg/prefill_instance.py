@@ -15,6 +15,7 @@ chooses whether the KV moves or the decode instance recomputes the prompt.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import asdict
 from typing import Any
@@ -29,7 +30,7 @@ from minserve.disagg.token_deltas import DeltaReporter
 from minserve.disagg.topology import PROXY_RANK
 from minserve.disagg.transfer_rule import TransferRule
 from minserve.disagg.wire import recv_command, send_json
-from minserve.engine import LLMEngine
+from minserve.engine import LLMEngine, observe_steps
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.sequence import Sequence
 
@@ -80,7 +81,7 @@ class PrefillInstance:
     def abort(self, request_id: str) -> None:
         seq = self.leaving.pop(request_id, None)
         if seq is not None:
-            self.engine.kv.free(seq.block_table)
+            self.engine.scheduler.free_detached(seq)
         else:
             self.engine.abort_request(request_id)
         self.deltas.forget(request_id)
@@ -99,16 +100,16 @@ class PrefillInstance:
                 lost += [seq.request.request_id for seq in seqs]
             finally:
                 for seq in seqs:
-                    self.engine.kv.free(seq.block_table)  # only now: acked and sent, or lost
+                    self.engine.scheduler.free_detached(seq)  # only now: acked and sent, or lost
         return decisions, lost
 
     def send_to(self, rank: int, seqs: list[Sequence]) -> list[dict]:
         """Offer, get acks, send the accepted requests' blocks; the decisions as JSON."""
-        pool, rule = self.engine.kv.pool, self.rules[rank]
+        worker, rule = self.engine.worker, self.rules[rank]
         decisions = [
             rule.decide(
                 seq.request.request_id, len(seq.request.prompt_token_ids),
-                len(seq.block_table.blocks) * pool.block_nbytes,
+                len(seq.block_table.blocks) * worker.pool.block_nbytes,
             )
             for seq in seqs
         ]  # fmt: skip
@@ -116,7 +117,7 @@ class PrefillInstance:
         accepted = self.transfers[rank].offer(offers)
         for seq, ok in zip(seqs, accepted):
             if ok:
-                self.transfers[rank].send_blocks(pool.gather_blocks(seq.block_table.blocks))
+                self.transfers[rank].send_blocks(worker.read_blocks(seq.block_table.blocks))
         return [
             {**asdict(d), "to_rank": rank, "accepted": ok} for d, ok in zip(decisions, accepted)
         ]
@@ -125,10 +126,10 @@ class PrefillInstance:
         """One prefill step: every request's new tokens, and the ids of those now leaving."""
         if not self.engine.has_unfinished_requests():
             return [], []
-        outputs = self.engine.step()
-        batch, timings = self.engine.last_batch, self.engine.last_timings
-        for rule in self.rules.values():
-            rule.observe_prefill(batch.num_batched_tokens, timings.forward)
+        with observe_steps(self.engine) as records:
+            outputs = self.engine.step()
+        for record, rule in itertools.product(records, self.rules.values()):
+            rule.observe_prefill(record.scheduler_output.num_batched_tokens, record.timings.forward)
         leaving = [o.request_id for o in outputs if not o.finished]
         for request_id in leaving:
             self.leaving[request_id] = detach_prefilled(self.engine, request_id)

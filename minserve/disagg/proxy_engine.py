@@ -35,13 +35,12 @@ from minserve.disagg.token_deltas import RemoteRequest
 from minserve.disagg.topology import PDTopology
 from minserve.disagg.wire import recv_json, send_json
 from minserve.distributed.group import free_port
+from minserve.errors import RequestsFailedError
 from minserve.model.default_model import default_model_path
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import RequestOutput
 from minserve.request import validate_prompt
 from minserve.sampling_params import SamplingParams
-from minserve.scheduler.scheduler import SchedulerOutput
-from minserve.server.async_engine import RequestsFailedError
 
 
 class DisaggregatedEngine:
@@ -78,7 +77,6 @@ class DisaggregatedEngine:
         self.max_model_len = min(h["max_model_len"] for h in hellos.values())
         self.vocab_size = hellos[self.topology.prefill_ranks[0]]["vocab_size"]
         self.scheduler_config = proxy_scheduler_config(engine_options, self.topology.num_decode)
-        self.last_batch = SchedulerOutput()  # the proxy runs no batch of its own
         self.alive = set(self.topology.worker_ranks)
         self.requests: dict[str, RemoteRequest] = {}
         self.decisions: dict[str, dict] = {}  # request id -> transfer decision (JSON)

@@ -2,9 +2,10 @@
 
 `LLM(tensor_parallel_size=N)` calls `start`: it spawns N-1 worker processes (on one
 machine: multiprocessing spawn, a free port on 127.0.0.1), joins the group as rank 0,
-loads its own shard, agrees on the KV pool size, and builds the ordinary `LLMEngine` with
-rank 0's mirrored pool and broadcasting runner. Under torchrun (RANK and WORLD_SIZE set),
-the workers are already running `worker.torchrun_worker` and nothing is spawned.
+loads its own shard, agrees on the KV pool size, and builds the ordinary `LLMEngine` whose
+worker hands every step to the other ranks (`BroadcastPeers`). Under torchrun (RANK and
+WORLD_SIZE set), the workers are already running `worker.torchrun_worker` and nothing is
+spawned.
 
 Failures stay bounded and say what happened: a worker that dies while starting is reported
 with its traceback; one that dies mid-step turns the step's collective error into a
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from minserve.config import CacheConfig
 from minserve.distributed.checkpoint import CheckpointTensors
-from minserve.distributed.driver import SWAP_UNSUPPORTED, DriverRunner, MirroredKVPool
+from minserve.distributed.driver import BroadcastPeers
 from minserve.distributed.group import free_port, leave_group
 from minserve.distributed.layout import check_divisible
 from minserve.distributed.step_message import send
@@ -111,10 +112,7 @@ class TensorParallelDriver:
             self.shutdown()
             raise self.failure(e) from e
 
-        def runner(model: object, pool: MirroredKVPool, backend: type) -> DriverRunner:
-            return DriverRunner(model, pool, backend, self.group.control, self.failure)
-
-        return {"pool_cls": MirroredKVPool, "runner_cls": runner}
+        return {"peers": BroadcastPeers(self.group.control, self.failure)}
 
     def failure(self, error: BaseException) -> Exception:
         """A clear error from a collective's failure: which ranks died, and their reports."""
@@ -185,6 +183,4 @@ def start_tensor_parallel(
         )
     if engine != "paged":
         raise ValueError("tensor_parallel_size > 1 runs the paged engine, not engine='reference'")
-    if cache.swap_space > 0:
-        raise ValueError(SWAP_UNSUPPORTED)
     return TensorParallelDriver(tp_spec(model, world_size, block_size=cache.block_size, **options))

@@ -21,7 +21,7 @@ from minserve.distributed.group import RankGroup, join_group, leave_group, rank_
 from minserve.distributed.shard_model import build_shard
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.model.loader import resolve_dtype
-from minserve.model.runner import ModelRunner
+from minserve.worker.worker import Worker
 
 STARTED, READY = "started", "ready"
 
@@ -44,11 +44,10 @@ class TPSpec:
 
 @dataclass
 class RankState:
-    """One rank's slice of the engine: its model shard and its paged KV pool."""
+    """One rank's slice of the engine: its group and its worker (shard, KV pool, host copies)."""
 
     group: RankGroup
-    runner: ModelRunner
-    pool: PagedKVPool
+    worker: Worker
 
 
 def start_rank(
@@ -70,21 +69,21 @@ def agree_num_blocks(group: RankGroup, num_blocks: int) -> int:
 
 
 def build_worker(rank: int, spec: TPSpec) -> RankState:
-    """A worker's shard, its KV pool (sized by rank 0) and a plain model runner."""
+    """A rank's shard and its worker, with a KV pool of rank 0's size."""
     group, model = start_rank(rank, spec)
     param = next(model.parameters())
     pool = PagedKVPool(
         model.config, agree_num_blocks(group, 0), spec.block_size, param.dtype, param.device
     )
     backend = get_attention_backend(spec.attention_backend, param.device)
-    return RankState(group, ModelRunner(model, pool, backend), pool)
+    return RankState(group, Worker(model, pool, backend))
 
 
 def serve_steps(state: RankState) -> None:
     """Run rank 0's steps on this rank's heads until it broadcasts stop."""
-    while (msg := step_message.receive(state.group.control, state.runner.device)) is not None:
-        state.pool.copy_blocks(msg.copies)  # rank 0's copy-on-write, on our heads
-        state.runner.forward(msg.inputs)
+    device = state.worker.runner.device
+    while (msg := step_message.receive(state.group.control, device)) is not None:
+        state.worker.follow(msg.inputs, msg.block_ops)
 
 
 def spawned_worker(rank: int, spec: TPSpec, status: Connection) -> None:

@@ -127,6 +127,21 @@ class BlockTable:
         self.num_tokens = 0
         self._allocator = None
 
+    def truncate(self, allocator: BlockAllocator, num_tokens: int) -> None:
+        """Keep the slots of the first `num_tokens` tokens; free the blocks past them.
+
+        Speculative decoding rolls back the slots of rejected drafts this way: their K/V in
+        the kept last block is overwritten by the next step; blocks holding only rejected
+        positions go back to the allocator at once, so none leak.
+        """
+        if not 0 <= num_tokens <= self.num_tokens:
+            raise ValueError(f"cannot truncate a table of {self.num_tokens} tokens to {num_tokens}")
+        keep = -(-num_tokens // self.block_size)  # ceil division
+        for block in reversed(self.blocks[keep:]):  # allocated this step: never shared
+            allocator.free(block)
+        del self.blocks[keep:]
+        self.num_tokens = num_tokens
+
     def slot(self, position: int) -> int:
         """The pool slot holding token `position`'s KV: block * block_size + offset."""
         if not 0 <= position < self.num_tokens:

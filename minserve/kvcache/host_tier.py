@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from minserve.config import CacheConfig
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.swap import GIB
+from minserve.messages import Demote, Promote
 
 Prefix = tuple[int, ...]  # the tokens of a block and of everything before it
 
@@ -53,44 +53,56 @@ class TierCosts:
 
 
 class HostPrefixTier:
-    """A bounded LRU store of evicted prefix blocks in host memory, with byte counters."""
+    """A bounded LRU account of evicted prefix blocks kept in host memory, with byte counters.
 
-    def __init__(self, capacity_blocks: int, pool: PagedKVPool, costs: TierCosts) -> None:
+    The scheduler's side: which prefixes have a host copy and in which host slot. Each
+    demotion or promotion is a block operation for the worker, which holds the copies.
+    """
+
+    def __init__(
+        self, capacity_blocks: int, block_size: int, block_nbytes: int, costs: TierCosts
+    ) -> None:
         if capacity_blocks < 1:
             raise ValueError(f"a host tier needs room for at least 1 block, got {capacity_blocks}")
         self.capacity_blocks = capacity_blocks
-        self.pool = pool
+        self.block_size = block_size
+        self.block_nbytes = block_nbytes
         self.costs = costs
         self.bytes_demoted = 0  # device -> host
         self.bytes_promoted = 0  # host -> device
         self.num_dropped = 0  # blocks that fell off the end of the host tier
-        self._blocks: OrderedDict[Prefix, torch.Tensor] = OrderedDict()  # LRU first
+        self._slots: OrderedDict[Prefix, int] = OrderedDict()  # LRU first
+        self._free_slots = list(range(capacity_blocks - 1, -1, -1))
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._slots)
 
     def __contains__(self, prefix: Prefix) -> bool:
-        return prefix in self._blocks
+        return prefix in self._slots
 
-    def demote(self, prefix: Prefix, block: int) -> None:
-        """Copy device block `block` (holding the KV of `prefix`'s last block) to the host."""
-        data = self.pool.read_blocks([block])  # [layers, 2, 1, bs, Hkv, D]
-        self._blocks[prefix] = data
-        self._blocks.move_to_end(prefix)
-        self.bytes_demoted += data.numel() * data.element_size()
-        while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+    def demote(self, prefix: Prefix, block: int) -> Demote:
+        """Device block `block` (holding the KV of `prefix`'s last block) goes to the host."""
+        if prefix in self._slots:  # an older copy of the same prefix: replace it
+            self._free_slots.append(self._slots.pop(prefix))
+        if not self._free_slots:
+            _, slot = self._slots.popitem(last=False)
+            self._free_slots.append(slot)
             self.num_dropped += 1
+        slot = self._free_slots.pop()
+        self._slots[prefix] = slot
+        self.bytes_demoted += self.block_nbytes
+        return Demote(block, slot)
 
     def worth_promoting(self) -> bool:
         """The rule: bring a block back only if copying it beats recomputing it."""
-        return self.costs.copy_back_wins(self.pool.block_nbytes, self.pool.block_size)
+        return self.costs.copy_back_wins(self.block_nbytes, self.block_size)
 
-    def promote(self, prefix: Prefix, block: int) -> None:
-        """Copy `prefix`'s block back into device block `block`; the host copy is dropped."""
-        data = self._blocks.pop(prefix)
-        self.pool.write_blocks([block], data)
-        self.bytes_promoted += data.numel() * data.element_size()
+    def promote(self, prefix: Prefix, block: int) -> Promote:
+        """`prefix`'s block comes back into device block `block`; the host copy is dropped."""
+        slot = self._slots.pop(prefix)
+        self._free_slots.append(slot)
+        self.bytes_promoted += self.block_nbytes
+        return Promote(slot, block)
 
 
 def _seconds(action: Callable[[], object]) -> float:
@@ -100,11 +112,10 @@ def _seconds(action: Callable[[], object]) -> float:
 
 
 def host_tier_for(
-    cache_config: CacheConfig, pool: PagedKVPool, model: nn.Module
+    cache_config: CacheConfig, block_size: int, block_nbytes: int, costs: TierCosts
 ) -> HostPrefixTier | None:
-    """The prefix cache's host tier, sized by `kv_offloading_size` (GiB), with measured costs."""
+    """The prefix cache's host tier, sized by `kv_offloading_size` (GiB)."""
     if cache_config.kv_offloading_size <= 0:
         return None
-    capacity = max(1, int(cache_config.kv_offloading_size * GIB) // pool.block_nbytes)
-    num_params = sum(p.numel() for p in model.parameters())
-    return HostPrefixTier(capacity, pool, TierCosts.measure(pool, num_params))
+    capacity = max(1, int(cache_config.kv_offloading_size * GIB) // block_nbytes)
+    return HostPrefixTier(capacity, block_size, block_nbytes, costs)

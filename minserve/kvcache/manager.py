@@ -1,25 +1,28 @@
-"""The engine's view of the state plane: allocator + paged pool + optional host swap space
-+ optional radix prefix cache.
+"""The scheduler's view of the state plane: allocator + block tables + optional host swap
+space + optional radix prefix cache (and its host tier).
 
-The scheduler talks only to this object: can a sequence grow by n tokens, grow it (with
-copy-on-write applied to the pool at once), fork it, free it, swap it out and back in.
-With a prefix cache, a new sequence starts from the cached blocks of its prompt's longest
-cached prefix, computed blocks are cached as they fill, and a shortage of free blocks is
-met by evicting cached blocks nobody holds before the scheduler has to preempt.
+The scheduler talks only to this object: can a sequence grow by n tokens, grow it, fork
+it, free it, swap it out and back in. With a prefix cache, a new sequence starts from the
+cached blocks of its prompt's longest cached prefix, computed blocks are cached as they
+fill, and a shortage of free blocks is met by evicting cached blocks nobody holds before
+the scheduler has to preempt.
+
+It never touches KV memory. Every copy it decides (copy-on-write after a fork, swap out
+and in, host-tier demotions and promotions) is queued as a block operation, in the order
+decided; the scheduler hands the queue to the worker with the step (`take_block_ops`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
 
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import HostPrefixTier
-from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.prefix_caching import PrefixCaching
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
+from minserve.messages import BlockOp, CopyBlocks
 
 
 class KVCacheManager:
@@ -28,21 +31,28 @@ class KVCacheManager:
     def __init__(
         self,
         allocator: BlockAllocator,
-        pool: PagedKVPool,
+        block_size: int,
         swap: HostSwapSpace | None = None,
         prefix_cache: RadixCache | None = None,
         host_tier: HostPrefixTier | None = None,
     ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
         self.allocator = allocator
-        self.pool = pool
+        self.block_size = block_size
         self.swap = swap
         self.prefix_cache = prefix_cache
-        self.prefix = PrefixCaching(prefix_cache, allocator, host_tier) if prefix_cache else None
-        self._swapped_tokens: dict[Hashable, int] = {}
+        self._ops: list[BlockOp] = []  # decided, not yet handed to the worker
+        self.prefix = (
+            PrefixCaching(prefix_cache, allocator, host_tier, self._ops) if prefix_cache else None
+        )
+        self._swapped_tokens: dict[int, int] = {}
 
-    @property
-    def block_size(self) -> int:
-        return self.pool.block_size
+    def take_block_ops(self) -> tuple[BlockOp, ...]:
+        """The block operations decided since the last call, in order (for the worker)."""
+        ops = tuple(self._ops)
+        self._ops.clear()
+        return ops
 
     @property
     def usage(self) -> float:
@@ -66,8 +76,7 @@ class KVCacheManager:
             self.prefix.make_room(table.blocks_needed(num_new_tokens))
         first = table.num_tokens
         _, copies = table.append(self.allocator, num_new_tokens)
-        if copies:
-            self.pool.copy_blocks(copies)
+        self._ops += [CopyBlocks(src, dst) for src, dst in copies]
         if self.prefix is not None:
             self.prefix.scheduled(table, first)
 
@@ -97,29 +106,34 @@ class KVCacheManager:
         if self.prefix is not None:
             self.prefix.cache_full_blocks(table, token_ids, num_computed)
 
+    def truncate(self, table: BlockTable, num_tokens: int) -> None:
+        """Keep the slots of the first `num_tokens` tokens; free the blocks past them
+        (speculative decoding: the slots of rejected drafts)."""
+        table.truncate(self.allocator, num_tokens)
+
     def can_swap_out(self, table: BlockTable) -> bool:
         if self.swap is None or not table.blocks:
             return False
-        return self.swap.can_swap_out(len(table.blocks), self.pool.block_nbytes)
+        return self.swap.can_swap_out(len(table.blocks))
 
-    def swap_out(self, key: Hashable, table: BlockTable) -> None:
-        """Copy the blocks to host memory and give them back to the pool."""
+    def swap_out(self, key: int, table: BlockTable) -> None:
+        """The blocks go to host memory (a block operation) and back to the allocator."""
         assert self.swap is not None
-        self.swap.swap_out(key, self.pool, table.blocks)
+        self._ops.append(self.swap.swap_out(key, table.blocks))
         self._swapped_tokens[key] = table.num_tokens
         self.free(table)
 
-    def can_swap_in(self, key: Hashable, headroom: int = 0) -> bool:
+    def can_swap_in(self, key: int, headroom: int = 0) -> bool:
         blocks = math.ceil(self._swapped_tokens[key] / self.block_size)
         return blocks + headroom <= self._num_available
 
-    def swap_in(self, key: Hashable, table: BlockTable) -> None:
-        """Allocate fresh blocks for the swapped tokens and copy them back from host memory."""
+    def swap_in(self, key: int, table: BlockTable) -> None:
+        """Allocate fresh blocks for the swapped tokens; the host copy comes back into them."""
         assert self.swap is not None
         self.append(table, self._swapped_tokens.pop(key))
-        self.swap.swap_in(key, self.pool, table.blocks)
+        self._ops.append(self.swap.swap_in(key, table.blocks))
 
-    def discard_swapped(self, key: Hashable) -> None:
+    def discard_swapped(self, key: int) -> None:
         if self.swap is not None and key in self._swapped_tokens:
             del self._swapped_tokens[key]
-            self.swap.discard(key)
+            self._ops.append(self.swap.discard(key))

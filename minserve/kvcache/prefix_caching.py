@@ -6,7 +6,8 @@ as vLLM does: the step that fills them writes every token's keys and values befo
 attention reads them, so a request admitted later in the same step already reuses them.
 Blocks that decodes fill are cached after the step. When the pool runs short, cached
 blocks no sequence holds are evicted before anyone is preempted; with a host tier they
-are demoted to host memory, and a later prompt that continues into them promotes them.
+are demoted to host memory, and a later prompt that continues into them promotes them
+(block operations the worker carries out before the step's forward).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import HostPrefixTier, Prefix
 from minserve.kvcache.radix_cache import PrefixMatch, RadixCache, RadixNode
+from minserve.messages import BlockOp
 
 T = TypeVar("T")
 
@@ -45,11 +47,16 @@ class PrefixCaching:
     """Which block tables use which cached prefix, and the tree's upkeep time."""
 
     def __init__(
-        self, cache: RadixCache, allocator: BlockAllocator, host: HostPrefixTier | None = None
+        self,
+        cache: RadixCache,
+        allocator: BlockAllocator,
+        host: HostPrefixTier | None = None,
+        ops: list[BlockOp] | None = None,
     ) -> None:
         self.cache = cache
         self.allocator = allocator
         self.host = host
+        self.ops = ops if ops is not None else []  # host-tier copies for the worker, in order
         self._prefix_of: dict[int, Prefix] = {}  # cached block -> its prefix (host tier only)
         self.block_size = cache.block_size
         self.stats = PrefixCacheStats()
@@ -159,7 +166,7 @@ class PrefixCaching:
             return
         evicted = [b for b in self._prefix_of if self.allocator.refcount(b) == 0]
         for block in evicted:
-            self.host.demote(self._prefix_of.pop(block), block)
+            self.ops.append(self.host.demote(self._prefix_of.pop(block), block))
 
     def _promote(self, token_ids: list[int], match: PrefixMatch) -> PrefixMatch:
         """Extend a device match with the blocks that follow it on the host, copied back
@@ -176,7 +183,7 @@ class PrefixCaching:
             if prefix not in self.host or not self.allocator.can_allocate(1):
                 break
             promoted.append(self.allocator.allocate())
-            self.host.promote(prefix, promoted[-1])
+            self.ops.append(self.host.promote(prefix, promoted[-1]))
             end += self.block_size
         self._timed(self.cache.unlock, match.node)
         if not promoted:

@@ -222,12 +222,19 @@ class CausalLM(nn.Module):
         self.greedy_screen: GreedyScreen | None = None  # set by the loader on a CPU
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionFn,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] (a flat batch) -> final hidden states [T, hidden]."""
+        """input_ids, positions [T] (a flat batch) -> final hidden states [T, hidden].
+
+        `num_layers` stops after the first layers, then applies the final norm: the draft
+        of early-exit self-speculation (LayerSkip) reads the same head from there."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rotation = self.rope(positions, x.dtype)
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(self.model.layers[:num_layers]):
             x = layer(x, rotation, attention, i)
         return self.model.norm(x)
 

@@ -1,21 +1,22 @@
-"""The model runner: turns a scheduled batch into flat tensors and paged-attention metadata.
+"""The model runner: turns a step's chunks into flat tensors and paged-attention metadata.
 
-For each scheduled sequence it lays out the tokens it computes this step (a decode's one
+For each scheduled chunk it lays out the tokens it computes this step (a decode's one
 token, or a prefill chunk), their positions and pool slots (through the block table),
-runs the decoder once over the whole flat batch, and returns logits only for sequences
-whose every token is now computed: those sample next (a speculating decode gets one row per
-position it verifies: its token and each draft).
+runs the decoder once over the whole flat batch, and returns logits only for chunks that
+sample next (a speculating decode gets one row per position it verifies: its token and
+each draft).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+from minserve.messages import ScheduledChunk
 from minserve.model.llama import AttentionFn, CausalLM
-from minserve.scheduler.scheduler import ScheduledSeq
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,17 @@ class ModelInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     metadata: AttentionMetadata
-    sample_indices: (
-        torch.Tensor
-    )  # [num_sampling]: flat index of each sampling sequence's last token
+    sample_indices: torch.Tensor  # [num_sampling]: flat index of each logits row's token
+
+
+def slot_of(block_table: Sequence[int], block_size: int, position: int) -> int:
+    """The pool slot of token `position`: its block's first slot plus its offset."""
+    block, offset = divmod(position, block_size)
+    return block_table[block] * block_size + offset
 
 
 class ModelRunner:
-    """Runs the decoder over a scheduled batch with a paged-attention backend."""
+    """Runs the decoder over a step's chunks with a paged-attention backend."""
 
     def __init__(self, model: CausalLM, kv: PagedKVCache, backend: type) -> None:
         self.model = model
@@ -39,24 +44,36 @@ class ModelRunner:
         self.backend = backend
         self.device = next(model.parameters()).device
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> ModelInputs:
+    def prepare(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        drafts: Mapping[int, Sequence[int]] | None = None,
+    ) -> ModelInputs:
+        """Flat input ids, positions, slots and metadata; `drafts` (seq id -> draft tokens)
+        run after their decode's token, each with a logits row of its own."""
+        drafts = drafts or {}
+        block_size = self.kv.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_indices: list[int] = []
-        for s in scheduled:
-            seq, end = s.seq, s.start + s.num_new_tokens
-            input_ids += seq.token_ids[s.start : end]
-            positions += range(s.start, end)
-            slots += [seq.block_table.slot(p) for p in range(s.start, end)]
-            if s.draft_token_ids:  # speculative decoding: logits at every draft too
-                _add_drafts(s, input_ids, positions, slots, sample_indices)
-            elif end == seq.num_tokens:
+        query_lens: list[int] = []
+        for c in chunks:
+            own = drafts.get(c.seq_id, ())
+            tokens = [*c.token_ids, *own]
+            span = range(c.start, c.start + len(tokens))
+            input_ids += tokens
+            positions += span
+            slots += [slot_of(c.block_table, block_size, p) for p in span]
+            query_lens.append(len(tokens))
+            if own:  # speculative decoding: logits at its token and at every draft
+                sample_indices += range(len(input_ids) - 1 - len(own), len(input_ids))
+            elif c.samples:
                 sample_indices.append(len(input_ids) - 1)
         metadata = AttentionMetadata.build(
-            query_lens=[s.num_query_tokens for s in scheduled],
-            context_lens=[s.start + s.num_query_tokens for s in scheduled],
-            block_tables=[s.seq.block_table.blocks for s in scheduled],
+            query_lens=query_lens,
+            context_lens=[c.start + q for c, q in zip(chunks, query_lens)],
+            block_tables=[list(c.block_table) for c in chunks],
             slot_mapping=slots,
             device=self.device,
         )
@@ -67,38 +84,23 @@ class ModelRunner:
             sample_indices=torch.tensor(sample_indices, dtype=torch.long, device=self.device),
         )
 
-    def run(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """Forward the batch; logits [num_sampling, vocab] in the order of `scheduled`."""
-        return self.forward(self.prepare(scheduled))
+    def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
+        """Forward the chunks; logits [num_sampling, vocab] in the order of `chunks`."""
+        return self.forward(self.prepare(chunks))
 
     @torch.inference_mode()
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:
-        """The decoder over prepared inputs; logits [num_sampling, vocab]."""
-        return self.model.compute_logits(self.sampled_hidden(inputs))
+    def forward(self, inputs: ModelInputs, num_layers: int | None = None) -> torch.Tensor:
+        """The decoder over prepared inputs; logits [num_sampling, vocab]. `num_layers`
+        stops after the first layers (early-exit drafting)."""
+        return self.model.compute_logits(self.sampled_hidden(inputs, num_layers))
 
     @torch.inference_mode()
     def forward_greedy(self, inputs: ModelInputs) -> torch.Tensor:
         """The decoder, then each sampling row's greedy token [num_sampling] (no logits)."""
         return self.model.greedy_tokens(self.sampled_hidden(inputs))
 
-    def sampled_hidden(self, inputs: ModelInputs) -> torch.Tensor:
+    def sampled_hidden(self, inputs: ModelInputs, num_layers: int | None = None) -> torch.Tensor:
         """The decoder's final hidden states at the sampling rows [num_sampling, hidden]."""
         attention: AttentionFn = self.backend(self.kv, inputs.metadata)
-        hidden = self.model(inputs.input_ids, inputs.positions, attention)  # [T, hidden]
-        return hidden[inputs.sample_indices]
-
-
-def _add_drafts(
-    s: ScheduledSeq,
-    input_ids: list[int],
-    positions: list[int],
-    slots: list[int],
-    sample_indices: list[int],
-) -> None:
-    """Append a decode's drafts after its token; sample its token's row and every draft's."""
-    first = s.start + s.num_new_tokens
-    drafted = range(first, first + len(s.draft_token_ids))
-    input_ids += s.draft_token_ids
-    positions += drafted
-    slots += [s.seq.block_table.slot(p) for p in drafted]
-    sample_indices += range(len(input_ids) - 1 - len(s.draft_token_ids), len(input_ids))
+        hidden = self.model(inputs.input_ids, inputs.positions, attention, num_layers)
+        return hidden[inputs.sample_indices]  # [num_sampling, hidden]

@@ -8,10 +8,13 @@ counts, copy-on-write) and sample their own continuations.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 
 from minserve.kvcache.block_table import BlockTable
 from minserve.request import Request, Sample
+
+_SEQ_IDS = itertools.count()  # unique ids, so messages can name sequences by a number
 
 
 class SeqStatus(enum.Enum):
@@ -33,6 +36,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool
     unforked: list[Sample] = field(default_factory=list)  # siblings that fork after prefill
+    seq_id: int = field(default_factory=lambda: next(_SEQ_IDS))
 
     @property
     def token_ids(self) -> list[int]:
@@ -55,6 +59,10 @@ class Sequence:
     def width(self) -> int:
         """Sequences this entry will become: 1, or n before a request's prefill forks it."""
         return 1 + len(self.unforked)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
 
     @property
     def arrival_time(self) -> float:

@@ -21,9 +21,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from minserve.engine import LLMEngine
+from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.outputs import RequestOutput
 from minserve.sampling_params import SamplingParams
-from minserve.scheduler.scheduler import SchedulerOutput
 from minserve.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -39,17 +39,6 @@ class EngineStoppedError(RuntimeError):
 
 class EngineStepError(RuntimeError):
     """An engine step raised; the requests it ran were aborted (answered with 500)."""
-
-
-class RequestsFailedError(RuntimeError):
-    """A step lost some requests (a disaggregated instance died, say); the others go on.
-
-    An engine raises it from `step()` with the lost ids and the step's other outputs.
-    """
-
-    def __init__(self, message: str, request_ids: list[str], outputs: list[RequestOutput]) -> None:
-        super().__init__(message)
-        self.request_ids, self.outputs = request_ids, outputs
 
 
 @dataclass(frozen=True)
@@ -270,7 +259,6 @@ class AsyncEngine:
         command.accepted.set_result(None)
 
     def _step(self) -> None:
-        before = self.engine.last_batch
         try:
             outputs = self.engine.step()
         except RequestsFailedError as lost:  # only these requests failed; stream the others
@@ -278,7 +266,8 @@ class AsyncEngine:
             outputs = lost.outputs
         except Exception as error:  # keep serving: fail the step's requests, not the server
             logger.exception("an engine step failed; aborting the requests it ran")
-            self._fail_step(before, error)
+            failed = error if isinstance(error, StepFailedError) else StepFailedError(None, error)
+            self._fail_step(failed)
             return
         now = time.monotonic()
         for output in outputs:
@@ -291,16 +280,12 @@ class AsyncEngine:
                 self._release()
             sink.put(output)
 
-    def _fail_step(self, before: SchedulerOutput, error: Exception) -> None:
+    def _fail_step(self, error: StepFailedError) -> None:
         """Fail the requests the step scheduled; all of them if it failed before a batch."""
-        batch = self.engine.last_batch
-        in_step = (
-            {s.seq.request.request_id for s in batch.scheduled} if batch is not before else None
-        )
+        in_step = None if error.request_ids is None else set(error.request_ids)
         failed = [rid for rid in self._sinks if in_step is None or rid in in_step]
         self.metrics.step_failed(failed)
-        message = f"the engine step failed ({type(error).__name__}: {error}); request aborted"
-        self._fail(failed, EngineStepError(message))
+        self._fail(failed, EngineStepError(f"{error}; request aborted"))
 
     def _fail_all(self, error: BaseException) -> None:
         self._fail(list(self._sinks), error)

@@ -18,20 +18,18 @@ import torch
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.messages import ScheduledChunk
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.runner import ModelRunner
 from minserve.model.sampler import Sampler, SamplingRow
-from minserve.scheduler.scheduler import ScheduledSeq
-from minserve.scheduler.sequence import SeqStatus, Sequence
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.distributions import choose_drafts, row_after
 from minserve.speculative.draft import Draft
-from minserve.speculative.kv_rollback import truncate
 
 
 @dataclass(eq=False)
 class DraftSeq:
-    """A sequence as the draft model's runner sees it (duck-types `Sequence`)."""
+    """One sequence's state in the draft model: its draft KV and the tokens it has seen."""
 
     block_table: BlockTable
     token_ids: list[int] = field(default_factory=list)  # real tokens, then guesses
@@ -40,6 +38,19 @@ class DraftSeq:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def chunk(self, row: SamplingRow) -> ScheduledChunk:
+        """The tokens the draft model has not computed yet, as one chunk to run, sampled
+        after its last token with the target's row."""
+        start = self.num_computed_tokens
+        return ScheduledChunk(
+            seq_id=-1,
+            request_id="",
+            token_ids=tuple(self.token_ids[start:]),
+            start=start,
+            block_table=tuple(self.block_table.blocks),
+            samples=(row,),
+        )
 
 
 class DraftModelProposer:
@@ -60,48 +71,50 @@ class DraftModelProposer:
         )
         self.allocator = BlockAllocator(pool.num_blocks)
         self.runner = ModelRunner(loaded.model.to(param.device), pool, target.backend)
-        self.states: dict[Sequence, DraftSeq] = {}
+        self.states: dict[int, DraftSeq] = {}  # sequence id -> its draft state
         self.sampler = Sampler()  # processes q as the target's sampler processes p
 
-    def propose(
-        self, seqs: list[Sequence], limits: list[int], rows: list[SamplingRow]
-    ) -> list[Draft]:
-        """Up to `limits[i]` guesses for `seqs[i]` (fewer when the draft pool is full):
-        greedy for greedy rows, drawn from the draft's processed q for sampling rows."""
-        self.release_finished()
-        states = [self._sync(seq) for seq in seqs]
-        probs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
+    def propose(self, chunks: list[ScheduledChunk], limits: list[int]) -> list[Draft]:
+        """Up to `limits[i]` guesses for decode `chunks[i]` (fewer when the draft pool is
+        full): greedy for greedy rows, drawn from the draft's processed q for sampling rows."""
+        states = [self._sync(c) for c in chunks]
+        real_lengths = [state.num_tokens for state in states]
+        probs: list[list[torch.Tensor | None]] = [[] for _ in chunks]
         for step in range(max(limits, default=0)):
             active = [i for i, k in enumerate(limits) if k > step and self._grow(states[i])]
             if not active:
                 break
-            logits = self.runner.run([self._scheduled(states[i]) for i in active])
-            drafted = [states[i].token_ids[seqs[i].num_tokens :] for i in active]
-            step_rows = [row_after(rows[i], d) for i, d in zip(active, drafted)]
+            logits = self.runner.run([states[i].chunk(chunks[i].samples[0]) for i in active])
+            drafted = [states[i].token_ids[real_lengths[i] :] for i in active]
+            step_rows = [row_after(chunks[i].samples[0], d) for i, d in zip(active, drafted)]
             tokens, qs = choose_drafts(self.sampler, logits, step_rows)
             for i, token, q in zip(active, tokens, qs):
                 states[i].num_computed_tokens = states[i].num_tokens
                 states[i].token_ids.append(token)
                 probs[i].append(q)
         return [
-            Draft.from_choices(state.token_ids[seq.num_tokens :], q)
-            for seq, state, q in zip(seqs, states, probs)
+            Draft.from_choices(state.token_ids[n:], q)
+            for n, state, q in zip(real_lengths, states, probs)
         ]
 
-    def release_finished(self) -> None:
+    def release(self, seq_ids: list[int] | tuple[int, ...]) -> None:
         """Free the draft blocks of sequences that finished or were aborted."""
-        for seq in [s for s in self.states if s.status is SeqStatus.FINISHED]:
-            self.states.pop(seq).block_table.free(self.allocator)
+        for seq_id in seq_ids:
+            state = self.states.pop(seq_id, None)
+            if state is not None:
+                state.block_table.free(self.allocator)
 
-    def _sync(self, seq: Sequence) -> DraftSeq:
+    def _sync(self, chunk: ScheduledChunk) -> DraftSeq:
         """Keep the draft K/V of the longest computed prefix that matches the real tokens,
         short of the newest one: the first draft needs the logits after it."""
-        state = self.states.setdefault(seq, DraftSeq(BlockTable(self.runner.kv.block_size)))
-        real = seq.token_ids
+        block_size = self.runner.kv.block_size
+        state = self.states.setdefault(chunk.seq_id, DraftSeq(BlockTable(block_size)))
+        real = chunk.history()
         computed = state.token_ids[: min(state.num_computed_tokens, len(real) - 1)]
         valid = _common_prefix(computed, real)
-        truncate(state.block_table, self.allocator, valid)
-        state.num_computed_tokens, state.token_ids = valid, list(real)
+        if state.block_table.blocks:
+            state.block_table.truncate(self.allocator, valid)
+        state.num_computed_tokens, state.token_ids = valid, real
         return state
 
     def _grow(self, state: DraftSeq) -> bool:
@@ -111,10 +124,6 @@ class DraftModelProposer:
             return False
         state.block_table.append(self.allocator, needed)
         return True
-
-    @staticmethod
-    def _scheduled(state: DraftSeq) -> ScheduledSeq:
-        return ScheduledSeq(state, state.num_tokens - state.num_computed_tokens)  # type: ignore[arg-type]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

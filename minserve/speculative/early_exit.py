@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from minserve.attention.metadata import AttentionMetadata
-from minserve.model.runner import ModelRunner
-from minserve.model.sampler import Sampler, SamplingRow
-from minserve.scheduler.sequence import Sequence
+from minserve.messages import ScheduledChunk
+from minserve.model.runner import ModelInputs, ModelRunner, slot_of
+from minserve.model.sampler import Sampler
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.distributions import choose_drafts, row_after
 from minserve.speculative.draft import Draft
@@ -33,49 +33,38 @@ class EarlyExitProposer:
                 f"got {self.num_layers}"
             )
 
-    def propose(
-        self, seqs: list[Sequence], limits: list[int], rows: list[SamplingRow]
-    ) -> list[Draft]:
-        """Draft `limits[i]` tokens for each sequence (its slots are already assigned):
+    def propose(self, chunks: list[ScheduledChunk], limits: list[int]) -> list[Draft]:
+        """Draft `limits[i]` tokens for each decode (its slots are already assigned):
         greedy for greedy rows, drawn from the early exit's processed q for sampling rows."""
-        drafts: list[list[int]] = [[] for _ in seqs]
-        probs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
+        drafts: list[list[int]] = [[] for _ in chunks]
+        probs: list[list[torch.Tensor | None]] = [[] for _ in chunks]
         for step in range(max(limits, default=0)):
             active = [i for i, k in enumerate(limits) if k > step]
-            logits = self._draft_logits([seqs[i] for i in active], [drafts[i] for i in active])
-            step_rows = [row_after(rows[i], drafts[i]) for i in active]
+            logits = self._draft_logits([chunks[i] for i in active], [drafts[i] for i in active])
+            step_rows = [row_after(chunks[i].samples[0], drafts[i]) for i in active]
             tokens, qs = choose_drafts(self.sampler, logits, step_rows)
             for i, token, q in zip(active, tokens, qs):
                 drafts[i].append(token)
                 probs[i].append(q)
         return [Draft.from_choices(d, q) for d, q in zip(drafts, probs)]
 
-    @torch.inference_mode()
-    def _draft_logits(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
-        """Run each sequence's newest token (position N-1+j) through L layers: [B, vocab]."""
-        last = [s.num_tokens - 1 + len(d) for s, d in zip(seqs, drafts)]
-        tokens = [(d or s.token_ids)[-1] for s, d in zip(seqs, drafts)]
+    def _draft_logits(self, chunks: list[ScheduledChunk], drafts: list[list[int]]) -> torch.Tensor:
+        """Run each decode's newest token (position start + j) through L layers: [B, vocab]."""
+        block_size = self.runner.kv.block_size
+        last = [c.start + len(d) for c, d in zip(chunks, drafts)]
+        tokens = [(d or c.token_ids)[-1] for c, d in zip(chunks, drafts)]
         metadata = AttentionMetadata.build(
-            query_lens=[1] * len(seqs),
+            query_lens=[1] * len(chunks),
             context_lens=[p + 1 for p in last],
-            block_tables=[s.block_table.blocks for s in seqs],
-            slot_mapping=[s.block_table.slot(p) for s, p in zip(seqs, last)],
+            block_tables=[list(c.block_table) for c in chunks],
+            slot_mapping=[slot_of(c.block_table, block_size, p) for c, p in zip(chunks, last)],
             device=self.runner.device,
         )
         device = self.runner.device
-        hidden = self._first_layers(
-            torch.tensor(tokens, device=device), torch.tensor(last, device=device), metadata
-        )  # [B, hidden]
-        return self.runner.model.compute_logits(hidden)
-
-    def _first_layers(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        """The decoder cut after `num_layers` layers, then the final norm: [B, hidden]."""
-        model = self.runner.model
-        attention = self.runner.backend(self.runner.kv, metadata)
-        x = model.model.embed_tokens(input_ids)  # [B, hidden]
-        rotation = model.rope(positions, x.dtype)
-        for i, layer in enumerate(model.model.layers[: self.num_layers]):
-            x = layer(x, rotation, attention, i)
-        return model.model.norm(x)
+        inputs = ModelInputs(
+            input_ids=torch.tensor(tokens, device=device),
+            positions=torch.tensor(last, device=device),
+            metadata=metadata,
+            sample_indices=torch.arange(len(chunks), device=device),
+        )
+        return self.runner.forward(inputs, num_layers=self.num_layers)  # [B, vocab]

@@ -6,8 +6,7 @@ n tokens occurred earlier, guess that what followed them then follows them now.
 
 from __future__ import annotations
 
-from minserve.model.sampler import SamplingRow
-from minserve.scheduler.sequence import Sequence
+from minserve.messages import ScheduledChunk
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.draft import Draft
 
@@ -19,12 +18,10 @@ class NgramProposer:
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
 
-    def propose(
-        self, seqs: list[Sequence], limits: list[int], rows: list[SamplingRow]
-    ) -> list[Draft]:
-        """One guess per sequence, each at most its limit long (may be empty). Deterministic,
+    def propose(self, chunks: list[ScheduledChunk], limits: list[int]) -> list[Draft]:
+        """One guess per decode, each at most its limit long (may be empty). Deterministic,
         whatever the row: q is one-hot at each guess."""
-        return [Draft(self.lookup(seq.token_ids, k)) for seq, k in zip(seqs, limits, strict=True)]
+        return [Draft(self.lookup(c.history(), k)) for c, k in zip(chunks, limits, strict=True)]
 
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
         """Longest n first: a longer matching context is a better predictor."""

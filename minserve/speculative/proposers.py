@@ -1,19 +1,18 @@
 """Proposers chosen by name (`speculative_config["method"]`).
 
-A proposer's one method: `propose(seqs, limits, rows) -> drafts`, at most `limits[i]` tokens
-for `seqs[i]`, whose block table already has slots for that many drafts after its newest
-token. `rows[i]` is the sequence's sampling row: greedy rows get deterministic drafts; a
-model proposer draws a sampling row's drafts from its own processed distribution q and
-returns q's rows with them, for rejection sampling.
+A proposer's one method: `propose(chunks, limits) -> drafts`, at most `limits[i]` tokens
+for the decode `chunks[i]`, whose block table already has slots for that many drafts after
+its token. Its sampling row (`chunks[i].samples[0]`) says how: greedy rows get
+deterministic drafts; a model proposer draws a sampling row's drafts from its own processed
+distribution q and returns q's rows with them, for rejection sampling.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from minserve.messages import ScheduledChunk
 from minserve.model.runner import ModelRunner
-from minserve.model.sampler import SamplingRow
-from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.draft import Draft
 from minserve.speculative.draft_model import DraftModelProposer
@@ -22,9 +21,7 @@ from minserve.speculative.ngram import NgramProposer
 
 
 class Proposer(Protocol):
-    def propose(
-        self, seqs: list[Sequence], limits: list[int], rows: list[SamplingRow]
-    ) -> list[Draft]: ...
+    def propose(self, chunks: list[ScheduledChunk], limits: list[int]) -> list[Draft]: ...
 
 
 def make_proposer(config: SpeculativeConfig, runner: ModelRunner) -> Proposer:

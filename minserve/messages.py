@@ -1,0 +1,155 @@
+"""The two messages of one engine step, scheduler -> worker and back (vLLM v1's shape).
+
+    sched_out = scheduler.schedule()                           # SchedulerOutput
+    run_out   = worker.execute(sched_out)                      # ModelRunnerOutput
+    scheduler.update_from_output(sched_out, run_out)           # the only writer of state
+
+Both are plain data: ids, token ids, positions, block ids. The scheduler decides and does
+the bookkeeping (which blocks a sequence owns); the worker owns the device: the KV pool,
+the block copies the scheduler asked for, the model, the sampler. Nothing in a message
+points back into the scheduler's state, so a message can cross a process boundary (tensor
+parallel ranks receive the same step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minserve.model.sampler import SamplingRow
+    from minserve.step_timings import StepTimings
+
+
+# --- block operations: what the worker does to its KV memory before the forward ---
+
+
+@dataclass(frozen=True)
+class CopyBlocks:
+    """Copy-on-write: block src's KV into block dst, every layer (after a fork)."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class SwapOut:
+    """A preempted sequence's blocks go to host memory under `key` (its sequence id)."""
+
+    key: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SwapIn:
+    """Host copy `key` comes back into these (fresh) blocks; the host copy is released."""
+
+    key: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DropSwapped:
+    """An aborted sequence's host copy is released without coming back."""
+
+    key: int
+
+
+@dataclass(frozen=True)
+class Demote:
+    """Prefix-cache host tier: an evicted cached block's KV is kept in host slot `slot`."""
+
+    block: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Promote:
+    """Prefix-cache host tier: host slot `slot` is copied back into block `block`."""
+
+    slot: int
+    block: int
+
+
+BlockOp = CopyBlocks | SwapOut | SwapIn | DropSwapped | Demote | Promote
+
+
+# --- scheduler -> worker ---
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One sequence's work this step: a decode's one token, or a chunk of its prompt.
+
+    `samples` are the rows to sample from the logits after its last token: empty while a
+    prompt is still being prefilled, one row for a decode, n rows at the end of the prefill
+    of a request with n samples (the sequence, then the siblings it forks into).
+    """
+
+    seq_id: int
+    request_id: str
+    token_ids: tuple[int, ...]  # the tokens this step computes
+    start: int  # position of token_ids[0]
+    block_table: tuple[int, ...]  # the sequence's blocks: slots for these tokens (and drafts)
+    samples: tuple[SamplingRow, ...] = ()
+    num_draft_slots: int = 0  # speculative decoding: slots reserved for drafts after it
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_new_tokens == 1 and self.start > 0
+
+    def history(self) -> list[int]:
+        """Every token of the sequence so far (a sampling chunk only): prompt, then output."""
+        row = self.samples[0]
+        return [*row.prompt_token_ids, *row.output_token_ids]
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """This step's batch (decodes first), in the order the worker lays it out.
+
+    `block_ops` run first and in order (they were decided in that order: a block a swap-out
+    reads may be handed to another sequence later in the same step).
+    """
+
+    chunks: tuple[ScheduledChunk, ...] = ()
+    block_ops: tuple[BlockOp, ...] = ()
+    preempted_seq_ids: tuple[int, ...] = ()
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(dict.fromkeys(c.request_id for c in self.chunks))
+
+
+# --- worker -> scheduler ---
+
+
+@dataclass(frozen=True)
+class SampledTokens:
+    """What one sampling row produced: one token, or (speculating) accepted drafts and the
+    target's own token after them; with their logprobs (None where none were asked for)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[dict[int, float] | None, ...]
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """The worker's answer: per sampling chunk, one `SampledTokens` per row of its `samples`."""
+
+    sampled: dict[int, tuple[SampledTokens, ...]] = field(default_factory=dict)  # by seq id
+    num_drafts: dict[int, int] = field(default_factory=dict)  # seq id -> drafts verified
+    num_draft_rounds: int = 0  # sequential draft positions this step (the longest draft)
+    timings: StepTimings | None = None  # the worker's phases: propose, prepare, forward, sample

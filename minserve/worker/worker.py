@@ -1,0 +1,173 @@
+"""The worker: everything that touches the device, behind one call per step.
+
+    run_out = worker.execute(sched_out)
+
+1. carry out the step's block operations (copy-on-write, swaps, host-tier copies), in order;
+2. speculative decoding: propose drafts in the slots the scheduler reserved;
+3. lay the chunks out as one flat batch and run the decoder over it (`ModelRunner`);
+4. sample: every row plain greedy -> the argmax straight from the head (no logits kept);
+   otherwise the sampler over the logits rows; speculating -> verify the drafts.
+
+It decides nothing about scheduling and keeps no scheduling state: what it returns
+(`ModelRunnerOutput`) goes back to `Scheduler.update_from_output`. With tensor parallelism
+rank 0's worker hands each step to the other ranks first (`peers`), and every rank carries
+out the same block operations on its own pool and host memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from minserve.kvcache.block_ops import apply_block_ops
+from minserve.kvcache.host_store import HostBlockStore
+from minserve.kvcache.host_tier import TierCosts
+from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.messages import BlockOp, ModelRunnerOutput, SampledTokens, SchedulerOutput
+from minserve.model.llama import CausalLM
+from minserve.model.runner import ModelInputs, ModelRunner
+from minserve.model.sampler import Sampler, SamplingRow, is_plain_greedy
+from minserve.speculative.config import SpeculativeConfig
+from minserve.speculative.decoder import Proposal, SpeculativeDecoder
+from minserve.step_timings import PhaseClock
+
+Sampled = dict[int, tuple[SampledTokens, ...]]
+
+
+class StepPeers(Protocol):
+    """Other processes that run every step's forward with this worker (tensor parallel)."""
+
+    def send(self, inputs: ModelInputs | None, block_ops: tuple[BlockOp, ...]) -> None: ...
+
+    def failure(self, error: Exception) -> Exception: ...
+
+
+class Worker:
+    """Owns the model, the paged KV pool and its host copies, the attention backend, the
+    sampler and the speculative proposer; runs one step per `execute`."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        pool: PagedKVPool,
+        backend: type,
+        sampler: Sampler | None = None,
+        speculative_config: SpeculativeConfig | None = None,
+        peers: StepPeers | None = None,
+    ) -> None:
+        self.pool = pool
+        self.runner = ModelRunner(model, pool, backend)
+        self.sampler = sampler or Sampler()
+        self.swap_store = HostBlockStore()  # preempted sequences' blocks, by sequence id
+        self.tier_store = HostBlockStore()  # the prefix cache's host tier, by slot
+        self.speculator = (
+            SpeculativeDecoder(speculative_config, self.runner) if speculative_config else None
+        )
+        self.peers = peers
+
+    @property
+    def model(self) -> CausalLM:
+        return self.runner.model
+
+    def measure_tier_costs(self) -> TierCosts:
+        """Copy bandwidth and prefill speed on this device (the host tier's rule)."""
+        num_params = sum(p.numel() for p in self.model.parameters())
+        return TierCosts.measure(self.pool, num_params)
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step: block operations, drafts, the forward, the samples."""
+        clock = PhaseClock()
+        apply_block_ops(scheduler_output.block_ops, self.pool, self.swap_store, self.tier_store)
+        clock.lap("prepare")
+        chunks = scheduler_output.chunks
+        proposal = None
+        if self.speculator is not None and chunks:
+            proposal = self.speculator.propose(chunks)
+        clock.lap("propose")
+        if not chunks:
+            if self.peers is not None and scheduler_output.block_ops:
+                self.peers.send(None, scheduler_output.block_ops)
+            return ModelRunnerOutput(timings=clock.timings)
+        inputs = self.runner.prepare(chunks, proposal.drafts if proposal else None)
+        clock.lap("prepare")
+        if self.peers is not None:
+            self.peers.send(inputs, scheduler_output.block_ops)
+        try:
+            sampled = self._forward_and_sample(scheduler_output, inputs, proposal, clock)
+        except RuntimeError as error:  # with peers: a collective inside the forward
+            if self.peers is None:
+                raise
+            raise self.peers.failure(error) from error
+        return ModelRunnerOutput(
+            sampled=sampled,
+            num_drafts={k: len(v) for k, v in proposal.drafts.items()} if proposal else {},
+            num_draft_rounds=proposal.num_rounds if proposal else 0,
+            timings=clock.timings,
+        )
+
+    def _forward_and_sample(
+        self,
+        scheduler_output: SchedulerOutput,
+        inputs: ModelInputs,
+        proposal: Proposal | None,
+        clock: PhaseClock,
+    ) -> Sampled:
+        chunks = [c for c in scheduler_output.chunks if c.samples]  # one logits row each
+        rows = [row for c in chunks for row in c.samples]
+        if proposal is None and all(is_plain_greedy(row) for row in rows):
+            greedy_ids = self.runner.forward_greedy(inputs).tolist()  # [num_sampling]
+            clock.lap("forward")
+            tokens = [[(t,)] * len(c.samples) for c, t in zip(chunks, greedy_ids)]
+            return _per_chunk(chunks, tokens, [[(None,)] * len(c.samples) for c in chunks])
+        logits = self.runner.forward(inputs)  # [num_sampling rows, vocab]
+        clock.lap("forward")
+        if proposal is not None:
+            assert self.speculator is not None
+            sampled = self.speculator.verify(chunks, proposal, logits, self.sampler)
+        else:
+            sampled = self._sample(chunks, rows, logits)
+        clock.lap("sample")
+        return sampled
+
+    def _sample(self, chunks: Sequence, rows: list[SamplingRow], logits: torch.Tensor) -> Sampled:
+        """One token per sampling row; a chunk's rows (n samples) share its logits row."""
+        logits_rows = [i for i, c in enumerate(chunks) for _ in c.samples]
+        result = self.sampler(logits[logits_rows], rows)
+        tokens, logprobs, first = [], [], 0
+        for c in chunks:
+            count = len(c.samples)
+            tokens.append([(t,) for t in result.token_ids[first : first + count]])
+            logprobs.append([(lp,) for lp in result.logprobs[first : first + count]])
+            first += count
+        return _per_chunk(chunks, tokens, logprobs)
+
+    def release(self, seq_ids: list[int]) -> None:
+        """Drop what is kept per sequence for these finished ones (a draft model's KV)."""
+        if self.speculator is not None and seq_ids:
+            self.speculator.release(seq_ids)
+
+    def follow(self, inputs: ModelInputs | None, block_ops: tuple[BlockOp, ...]) -> None:
+        """Tensor parallel ranks 1..N-1: carry out the step rank 0 sent, on our heads."""
+        apply_block_ops(block_ops, self.pool, self.swap_store, self.tier_store)
+        if inputs is not None:
+            self.runner.forward(inputs)  # our share; rank 0 samples
+
+    # --- KV transfer (prefill/decode disaggregation) ---
+
+    def read_blocks(self, blocks: list[int]) -> torch.Tensor:
+        """These blocks' KV, every layer, on the pool's device (to send)."""
+        return self.pool.gather_blocks(blocks)
+
+    def write_blocks(self, blocks: list[int], data: torch.Tensor) -> None:
+        """Received KV into these blocks."""
+        self.pool.write_blocks(blocks, data)
+
+
+def _per_chunk(chunks: Sequence, tokens: list[list], logprobs: list[list]) -> Sampled:
+    """{seq id: (SampledTokens per sample row)} from per-chunk lists of tuples."""
+    return {
+        c.seq_id: tuple(SampledTokens(t, lp) for t, lp in zip(ts, lps))
+        for c, ts, lps in zip(chunks, tokens, logprobs)
+    }
