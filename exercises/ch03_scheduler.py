@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: fda4b519e451 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 891c00d4ff40 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
@@ -23,7 +23,7 @@ from minserve.request import Request, StopRules
 from minserve.scheduler.policy import get_policy
 from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan
 from minserve.scheduler.sequence import SeqStatus, Sequence
-from minserve.speculative.planner import DraftPlanner
+from minserve.scheduler.draft_planner import DraftPlanner
 
 
 # Exercise 3.1: schedule(): running sequences first, then waiting ones
@@ -202,9 +202,7 @@ class Scheduler:
 
     def _output(self, plan: StepPlan, draft_slots: dict[int, int]) -> SchedulerOutput:
         """The planned batch as plain data, with the block operations decided meanwhile."""
-        chunks = tuple(
-            self._chunk_of(s, draft_slots.get(s.seq.seq_id, 0)) for s in plan.scheduled
-        )
+        chunks = tuple(self._chunk_of(s, draft_slots.get(s.seq.seq_id, 0)) for s in plan.scheduled)
         return SchedulerOutput(
             chunks=chunks,
             block_ops=self.kv.take_block_ops(),

@@ -37,7 +37,7 @@ from minserve.sampling_params import SamplingParams
 from minserve.scheduler.scheduler import Scheduler
 from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
-from minserve.speculative.planner import DraftPlanner
+from minserve.scheduler.draft_planner import DraftPlanner
 from minserve.step_timings import PhaseClock, StepTimings
 from minserve.worker.worker import StepPeers, Worker
 

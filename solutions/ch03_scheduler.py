@@ -20,7 +20,7 @@ from minserve.request import Request, StopRules
 from minserve.scheduler.policy import get_policy
 from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan
 from minserve.scheduler.sequence import SeqStatus, Sequence
-from minserve.speculative.planner import DraftPlanner
+from minserve.scheduler.draft_planner import DraftPlanner
 
 
 # Exercise 3.1: schedule(): running sequences first, then waiting ones
@@ -229,9 +229,7 @@ class Scheduler:
 
     def _output(self, plan: StepPlan, draft_slots: dict[int, int]) -> SchedulerOutput:
         """The planned batch as plain data, with the block operations decided meanwhile."""
-        chunks = tuple(
-            self._chunk_of(s, draft_slots.get(s.seq.seq_id, 0)) for s in plan.scheduled
-        )
+        chunks = tuple(self._chunk_of(s, draft_slots.get(s.seq.seq_id, 0)) for s in plan.scheduled)
         return SchedulerOutput(
             chunks=chunks,
             block_ops=self.kv.take_block_ops(),

@@ -123,7 +123,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.scheduler.policy import get_policy\n"
             "from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan\n"
             "from minserve.scheduler.sequence import SeqStatus, Sequence\n"
-            "from minserve.speculative.planner import DraftPlanner\n"
+            "from minserve.scheduler.draft_planner import DraftPlanner\n"
         ),
         checks="minserve.course.checks_ch03",
     ),

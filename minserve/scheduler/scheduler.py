@@ -28,7 +28,7 @@ from minserve.messages import ModelRunnerOutput, SampledTokens, ScheduledChunk, 
 from minserve.request import Request, StopRules
 from minserve.scheduler.policy import get_policy
 from minserve.scheduler.sequence import SeqStatus, Sequence
-from minserve.speculative.planner import DraftPlanner
+from minserve.scheduler.draft_planner import DraftPlanner
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,8 @@ never see its acceptance recover; at g = 1 a useless proposer costs c per step.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-
-from minserve.scheduler.sequence import SeqStatus, Sequence
 
 PRIOR_RATE = 0.5  # a before a request has verified anything
 PRIOR_WEIGHT = 2.0  # ... worth this many tested drafts
@@ -68,19 +67,18 @@ class DraftLengths:
     def __init__(self, mode: str, k: int) -> None:
         self.adaptive = mode == "adaptive"
         self.k = k
-        self.estimates: dict[Sequence, AcceptanceEstimate] = {}  # adaptive only
+        self.estimates: dict[Hashable, AcceptanceEstimate] = {}  # adaptive only, by sequence
 
-    def length(self, seq: Sequence, cost_ratio: float) -> int:
+    def length(self, seq: Hashable, cost_ratio: float) -> int:
         if not self.adaptive:
             return self.k
         estimate = self.estimates.setdefault(seq, AcceptanceEstimate())
         return best_draft_length(estimate.rate, cost_ratio, self.k)
 
-    def observe(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
+    def observe(self, seq: Hashable, num_drafts: int, num_accepted: int) -> None:
         if self.adaptive and num_drafts > 0:
             self.estimates.setdefault(seq, AcceptanceEstimate()).observe(num_drafts, num_accepted)
 
-    def release_finished(self) -> None:
-        """Forget finished and aborted sequences (called every step: nothing accumulates)."""
-        for seq in [s for s in self.estimates if s.status is SeqStatus.FINISHED]:
-            del self.estimates[seq]
+    def forget(self, seq: Hashable) -> None:
+        """A finished or aborted sequence: its estimate goes."""
+        self.estimates.pop(seq, None)

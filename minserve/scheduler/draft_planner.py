@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from minserve.kvcache.manager import KVCacheManager
 from minserve.request import StopRules
-from minserve.scheduler.sequence import Sequence
+from minserve.scheduler.sequence import SeqStatus, Sequence
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.counters import SpecCounters
 from minserve.speculative.draft_length import DraftLengths
@@ -35,7 +35,7 @@ class DraftPlanner:
     ) -> dict[int, int]:
         """Slots for drafts after each eligible decode's token, within `budget` tokens and
         the free blocks: sequence id -> number of draft slots."""
-        self.lengths.release_finished()
+        self.release_finished()
         slots: dict[int, int] = {}
         for s in scheduled:
             seq = s.seq
@@ -71,8 +71,9 @@ class DraftPlanner:
         self.counters.record_costs(num_rounds, propose_s, forward_s)
 
     def release_finished(self) -> None:
-        """Forget the acceptance estimates of finished sequences."""
-        self.lengths.release_finished()
+        """Forget the acceptance estimates of finished and aborted sequences."""
+        for seq in [s for s in self.lengths.estimates if s.status is SeqStatus.FINISHED]:
+            self.lengths.forget(seq)
 
     def metrics(self) -> dict[str, float]:
         return self.counters.as_metrics()
