@@ -93,7 +93,8 @@ class LLMEngine:
         )
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
         self.scheduler = scheduler_cls(scheduler_config, self.kv)
-        backend = get_attention_backend(attention_backend, param.device)
+        self.execution = loaded.execution.with_attention(attention_backend)  # how it runs
+        backend = get_attention_backend(self.execution.attention)
         self.runner = runner_cls(loaded.model, pool, backend)
         self.sampler = sampler or Sampler()
         self.speculator = (  # docs/speculative.md
