@@ -5,10 +5,11 @@
 1. One layer's decode attention (store + attend), SmolLM2's shapes, context 512: the
    torch backend against the C backend, alternating (minserve.bench.kernel_timing).
 2. Whole engine decode steps of the bundled SmolLM2 (fp32): the plain-torch path
-   (attention_backend="torch" inside `cpu_ops.torch_only()`) against the default ("cpu":
-   C attention and C RMSNorm / RoPE / SiLU), two engines sharing one loaded model in one
-   process, taking steps in turns so that the machine's drift favours neither; the two
-   must emit the same tokens. Writes cpu_kernels.json and cpu_kernels.md here.
+   (attention_backend="torch", the model's C kernels switched off by `use_c_kernels`)
+   against the default ("cpu": C attention, C RMSNorm / RoPE / SiLU, few-row linears and
+   the head's screen), two engines sharing one loaded model in one process, taking steps
+   in turns so that the machine's drift favours neither; the two must emit the same
+   tokens. Writes cpu_kernels.json and cpu_kernels.md here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from tqdm import tqdm
 
 from minserve.bench.kernel_timing import time_decode_backends
 from minserve.bench.run_env import RunRecord
-from minserve.kernels import cpu_ops
 from minserve.llm import LLM
 from minserve.sampling_params import SamplingParams
 
@@ -44,13 +44,9 @@ def engine_steps(batch: int, steps: int, base: LLM) -> dict:
     ]
 
     def step(name: str) -> tuple[float, list[int]]:
-        engine = engines[name]
+        base.loaded.model.use_c_kernels(name == "cpu")  # one model, two engines
         start = time.perf_counter()
-        if name == "torch":
-            with cpu_ops.torch_only():
-                outputs = engine.step()
-        else:
-            outputs = engine.step()
+        outputs = engines[name].step()
         return time.perf_counter() - start, [o.outputs[0].token_ids[-1] for o in outputs]
 
     for name, engine in engines.items():

@@ -34,10 +34,10 @@ from minserve.model.sampler import Sampler
 from minserve.outputs import RequestOutput
 from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
+from minserve.scheduler.draft_planner import DraftPlanner
 from minserve.scheduler.scheduler import Scheduler
 from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
-from minserve.scheduler.draft_planner import DraftPlanner
 from minserve.step_timings import PhaseClock, StepTimings
 from minserve.worker.worker import StepPeers, Worker
 
@@ -89,7 +89,8 @@ class LLMEngine:
         pool = PagedKVPool(
             loaded.config, num_blocks, cache_config.block_size, param.dtype, param.device
         )
-        backend = get_attention_backend(attention_backend, param.device)
+        self.execution = loaded.execution.with_attention(attention_backend)  # how it runs
+        backend = get_attention_backend(self.execution.attention)
         self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
         self.kv = self._kv_manager(cache_config, block_allocator_cls, prefix_cache_cls, pool)
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}

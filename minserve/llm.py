@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from minserve.config import CacheConfig, SchedulerConfig
 from minserve.distributed.launcher import TensorParallelDriver, start_tensor_parallel
 from minserve.engine import LLMEngine
 from minserve.errors import StepFailedError
+from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.model.loader import LoadedModel, load_model
@@ -31,6 +33,7 @@ from minserve.speculative.config import SpeculativeConfig
 Prompt = str | list[int] | dict[str, Any]
 Message = dict[str, str]
 ENGINES = ("paged", "reference")
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -43,7 +46,9 @@ class LLM:
     docs/engine.md); engine="reference" runs the contiguous-KV reference path instead (the oracle).
     tensor_parallel_size=N splits the model over N processes (docs/distributed.md); call
     `shutdown()` when done. speculative_config={"method": "ngram", "num_speculative_tokens": k}
-    turns on speculative decoding (docs/speculative.md).
+    turns on speculative decoding (docs/speculative.md). How it runs on this machine
+    (device, dtype, attention backend, C kernels) is logged once at info level and returned
+    by `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
     """
 
     def __init__(
@@ -108,6 +113,12 @@ class LLM:
             self.reference = ReferenceGenerator(
                 self.loaded.model, self.sampler, rules, max_num_seqs
             )
+        self.execution: ExecutionConfig = (  # how it runs, said once (docs/engine.md)
+            self.engine.execution
+            if self.engine is not None
+            else self.loaded.execution.with_attention("contiguous")
+        )
+        logger.info(self.execution.summary())
         self._ids = itertools.count()
 
     def shutdown(self) -> None:
@@ -123,6 +134,10 @@ class LLM:
         if self.engine is None:
             raise ValueError("metrics come from the paged engine; this LLM runs engine='reference'")
         return self.engine.get_metrics()
+
+    def get_execution_config(self) -> ExecutionConfig:
+        """How this LLM runs: device, dtype, attention backend, C kernels... (set at load)."""
+        return self.execution
 
     def generate(
         self,

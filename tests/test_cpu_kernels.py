@@ -19,6 +19,7 @@ from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.bench.kernel_timing import SMOLLM2_SHAPES
+from minserve.execution import resolve_execution
 from minserve.kernels import build, cpu_ops
 from minserve.model.llama import RMSNorm, RotaryEmbedding, Rotation
 
@@ -57,6 +58,10 @@ def test_no_compiler_means_torch_backend_and_says_why(monkeypatch, tmp_path) -> 
         assert get_attention_backend("auto", "cpu") is TorchPagedAttention
         with pytest.raises(ValueError, match="attention backend 'cpu' is unavailable"):
             get_attention_backend("cpu")
+        execution = resolve_execution("cpu")
+        assert not execution.c_kernels and execution.attention == "torch"
+        assert "no-such-cc" in execution.c_kernels_missing
+        assert "c_kernels=off(" in execution.summary()
         assert not cpu_ops.applies(torch.ones(2))
         assert list(tmp_path.iterdir()) == []  # nothing half-written
     finally:
@@ -181,8 +186,14 @@ def test_many_long_decodes_match_torch(num_seqs: int, max_context: int, block_si
     assert torch.equal(pool.kv, copy.kv)  # the same slots written
 
 
-def test_torch_only_turns_the_layer_kernels_off_inside_its_block() -> None:
-    x = torch.ones(3)
-    with cpu_ops.torch_only():
-        assert not cpu_ops.applies(x)
-    assert cpu_ops.applies(x)
+def test_a_layers_c_kernel_switch_turns_its_kernel_off(monkeypatch) -> None:
+    calls = []
+    real = cpu_ops.rms_norm
+    monkeypatch.setattr(cpu_ops, "rms_norm", lambda *args: calls.append(1) or real(*args))
+    norm, x = RMSNorm(64, 1e-6), randn(3, 64)
+    with torch.inference_mode():
+        on = norm(x)
+        norm.c_kernels = False  # what `CausalLM.use_c_kernels(False)` sets in every layer
+        off = norm(x)
+    assert calls == [1]
+    torch.testing.assert_close(on, off, rtol=1e-6, atol=1e-6)

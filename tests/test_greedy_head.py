@@ -71,14 +71,12 @@ def test_near_ties_are_settled_in_fp32_and_exact_ties_go_to_the_lowest_id() -> N
     assert screen.tokens(x[:1]).item() == min(7, top) == F.linear(x[:1], weight).argmax().item()
 
 
-def test_the_screen_applies_to_few_fp32_cpu_rows_outside_torch_only() -> None:
+def test_the_screen_applies_to_few_fp32_cpu_rows() -> None:
     screen = GreedyScreen(randn(100, 16))
     assert screens(screen, randn(1, 16)) and screens(screen, randn(SCREEN_MAX_ROWS, 16))
     assert not screens(screen, randn(SCREEN_MAX_ROWS + 1, 16))
     assert not screens(None, randn(1, 16)) and not screens(screen, randn(0, 16))
     assert not screens(screen, randn(1, 16).double())
-    with cpu_ops.torch_only():
-        assert not screens(screen, randn(1, 16))
 
 
 def row(**params) -> SamplingRow:
@@ -109,6 +107,22 @@ def test_the_engine_gives_the_same_tokens_with_and_without_the_screen(tiny_model
     model.greedy_screen = None
     dense = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert screened == dense
+
+
+def test_the_models_c_kernel_switch_turns_the_screen_off(tiny_model) -> None:
+    llm = LLM(tiny_model("llama"))
+    model = llm.engine.runner.model
+    calls = []
+    tokens = model.greedy_screen.tokens
+    model.greedy_screen.tokens = lambda hidden: calls.append(len(hidden)) or tokens(hidden)
+    prompt = [{"prompt_token_ids": list(range(5, 40))}]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    model.use_c_kernels(False)  # the torch code everywhere: the fp32 head's argmax
+    dense = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert calls == []
+    model.use_c_kernels(True)
+    assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == dense
+    assert calls
 
 
 def test_rows_that_want_logprobs_still_get_them_from_full_logits(tiny_model) -> None:

@@ -58,8 +58,8 @@ def test_rows_up_to_kernel_rows_take_the_kernel(monkeypatch) -> None:
     with torch.inference_mode():
         for rows in (1, 2, 3):
             layer(torch.randn(rows, 64))
-        with cpu_ops.torch_only():  # the kernels switched off: oneDNN for every row count
-            layer(torch.randn(1, 64))
+        layer.c_kernels = False  # the C kernels switched off: oneDNN for every row count
+        layer(torch.randn(1, 64))
     assert calls == [1, 2]
 
 
@@ -74,7 +74,6 @@ def test_a_3d_input_keeps_its_shape_through_the_kernel() -> None:
 
 
 def test_tuning_measures_once_per_process_and_sets_every_layer(monkeypatch) -> None:
-    monkeypatch.delenv("MINSERVE_KERNEL_ROWS", raising=False)
     monkeypatch.setattr(linear_choice, "_chosen", {})
     measured = []
     monkeypatch.setattr(
@@ -88,7 +87,6 @@ def test_tuning_measures_once_per_process_and_sets_every_layer(monkeypatch) -> N
 
 
 def test_each_layer_shape_is_measured_apart(monkeypatch) -> None:
-    monkeypatch.delenv("MINSERVE_KERNEL_ROWS", raising=False)
     monkeypatch.setattr(linear_choice, "_chosen", {})
     # the kernel wins on the wide layer at every row count, on the narrow one only at 1 row
     monkeypatch.setattr(
@@ -111,11 +109,12 @@ def test_bfloat16_layers_stay_on_onednn(monkeypatch) -> None:
     assert tune_kernel_rows(layer) == {(64, 64, torch.bfloat16, True): 0}
 
 
-def test_the_environment_can_fix_the_choice(monkeypatch) -> None:
-    monkeypatch.setenv("MINSERVE_KERNEL_ROWS", "1")
+def test_a_fixed_row_count_is_set_without_measuring(monkeypatch) -> None:
+    # the execution config's linear_rows, from $MINSERVE_KERNEL_ROWS (test_execution_config)
     monkeypatch.setattr(linear_choice, "_chosen", {})
+    monkeypatch.setattr(linear_choice, "measure", lambda linears, rows: pytest.fail("measured"))
     model = stack()
-    assert tune_kernel_rows(model) == {(64, 64, torch.float32, True): 1}
+    assert tune_kernel_rows(model, 1) == {(64, 64, torch.float32, True): 1}
     assert all(m.kernel_rows == 1 for m in model)
 
 

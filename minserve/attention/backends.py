@@ -1,8 +1,9 @@
 """Attention backends chosen by name in config: each is built per step as
 `Backend(kv, metadata, scale=None)` and called per layer as an `AttentionFn`.
 
-"auto" picks the C kernels on a CPU (plain torch where they cannot be built; the Triton
-interpreter is for correctness, not speed) and the Triton kernels on a GPU."""
+"auto" picks the C kernels on a CPU (plain torch where they cannot be built or are
+switched off; the Triton interpreter is for correctness, not speed) and the Triton kernels
+on a GPU: the execution config resolves it (`minserve/execution.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.attention.triton_backend import TritonPagedAttention
+from minserve.execution import resolve_attention, resolve_c_kernels
 from minserve.kernels.build import build_error
 
 ATTENTION_BACKENDS: dict[str, type] = {
@@ -34,6 +36,5 @@ def get_attention_backend(name: str, device: torch.device | str = "cpu") -> type
 
 
 def auto_backend(device: torch.device) -> str:
-    if device.type == "cuda":
-        return "triton"
-    return "cpu" if build_error() is None else "torch"
+    """What "auto" means on `device` with the C kernels switched on where they build."""
+    return resolve_attention("auto", device, resolve_c_kernels(True, device)[0])

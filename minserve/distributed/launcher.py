@@ -67,11 +67,12 @@ class TensorParallelDriver:
         try:
             if not torchrun:
                 self._spawn(startup_timeout)
-            self.group, model = start_rank(0, spec, source)
+            self.group, model, execution = start_rank(0, spec, source)
         except BaseException as e:
             self.shutdown()
             raise self.failure(e) from e
-        self.loaded = LoadedModel(source.path, model.config, model, _tokenizer(source.path))
+        tokenizer = _tokenizer(source.path)
+        self.loaded = LoadedModel(source.path, model.config, model, tokenizer, execution)
 
     def _spawn(self, timeout: float) -> None:
         context = mp.get_context("spawn")

@@ -19,8 +19,8 @@ from minserve.distributed import step_message
 from minserve.distributed.checkpoint import CheckpointTensors
 from minserve.distributed.group import RankGroup, join_group, leave_group, rank_device
 from minserve.distributed.shard_model import build_shard
+from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.kvcache.paged_pool import PagedKVPool
-from minserve.model.loader import resolve_dtype
 from minserve.worker.worker import Worker
 
 STARTED, READY = "started", "ready"
@@ -52,13 +52,16 @@ class RankState:
 
 def start_rank(
     rank: int, spec: TPSpec, source: CheckpointTensors | None = None
-) -> tuple[RankGroup, torch.nn.Module]:
-    """Join the group and load this rank's shard (rank 0 included)."""
+) -> tuple[RankGroup, torch.nn.Module, ExecutionConfig]:
+    """Join the group and load this rank's shard (rank 0 included); how it runs (shards
+    are not prepacked)."""
     device = rank_device(spec.device, rank)
+    execution = resolve_execution(device, spec.dtype, spec.attention_backend, prepack=False)
     group = join_group(rank, spec.world_size, spec.init_method, device, spec.step_timeout)
     source = source or CheckpointTensors(spec.model)
-    model = build_shard(source, group.comm, resolve_dtype(spec.dtype, device), device)
-    return group, model
+    model = build_shard(source, group.comm, execution.dtype, device)
+    model.use_c_kernels(execution.c_kernels)
+    return group, model, execution
 
 
 def agree_num_blocks(group: RankGroup, num_blocks: int) -> int:
@@ -70,12 +73,12 @@ def agree_num_blocks(group: RankGroup, num_blocks: int) -> int:
 
 def build_worker(rank: int, spec: TPSpec) -> RankState:
     """A rank's shard and its worker, with a KV pool of rank 0's size."""
-    group, model = start_rank(rank, spec)
+    group, model, execution = start_rank(rank, spec)
     param = next(model.parameters())
     pool = PagedKVPool(
         model.config, agree_num_blocks(group, 0), spec.block_size, param.dtype, param.device
     )
-    backend = get_attention_backend(spec.attention_backend, param.device)
+    backend = get_attention_backend(execution.attention)
     return RankState(group, Worker(model, pool, backend))
 
 

@@ -1,10 +1,11 @@
 """Build and load the C kernels (`*.c` here): compiled once per machine with the system's C
 compiler into one shared library.
 
-The library is cached under `~/.cache/minserve/kernels` (or `$MINSERVE_KERNEL_CACHE`), named
-by a hash of the source, the flags and this CPU's features, so an edit or another CPU
-rebuilds it (about a second). It is linked with `-fopenmp`: torch has already loaded its own
-`libgomp.so.1`, which the library then shares, so both use one pool of threads.
+The library is cached in the execution config's `kernel_cache` (`~/.cache/minserve/kernels`
+unless the environment moves it), named by a hash of the source, the flags and this CPU's
+features, so an edit or another CPU rebuilds it (about a second). It is linked with
+`-fopenmp`: torch has already loaded its own `libgomp.so.1`, which the library then shares,
+so both use one pool of threads.
 
 No compiler, or a failed build, is not an error here: `cpu_kernels()` returns None, says why
 in `build_error()`, and the engine keeps the plain-torch backend.
@@ -44,8 +45,10 @@ class KernelBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "minserve" / "kernels"
-    return Path(os.environ.get("MINSERVE_KERNEL_CACHE", default))
+    """The execution config's kernel cache (`minserve/execution.py` reads the environment)."""
+    from minserve.execution import kernel_cache_dir  # here: that module imports this one
+
+    return kernel_cache_dir()
 
 
 def cpu_features() -> str:

@@ -2,38 +2,22 @@
 
 `llama.py` asks `applies(...)` and otherwise runs its own torch code, which is the
 reference these are tested against (`tests/test_cpu_kernels.py`). They apply to fp32 CPU
-tensors outside autograd (the kernels have no backward) once the library has been built.
+tensors outside autograd (the kernels have no backward) once the library has been built,
+in layers whose `c_kernels` switch is on (set at load from the execution config,
+`minserve/execution.py`; `CausalLM.use_c_kernels` flips it to compare).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
 import torch
 
 from minserve.kernels.build import cpu_kernels
-
-_enabled: ContextVar[bool] = ContextVar("minserve_cpu_kernels", default=True)
-
-
-@contextmanager
-def torch_only() -> Iterator[None]:
-    """Run the layers' torch code, not the C kernels, inside this block (to compare them)."""
-    token = _enabled.set(False)
-    try:
-        yield
-    finally:
-        _enabled.reset(token)
 
 
 def applies(*tensors: torch.Tensor) -> bool:
     """True when the C kernels can stand in for torch on these tensors.
 
     Called several times per layer, so it is kept to cheap attribute reads."""
-    if not _enabled.get():
-        return False
     grad = torch.is_grad_enabled()
     for t in tensors:
         if not t.is_cpu or t.dtype is not torch.float32 or (grad and t.requires_grad):

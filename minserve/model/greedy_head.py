@@ -20,8 +20,6 @@ with transformers (tests/test_model_parity.py) runs through this path.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -57,10 +55,8 @@ class GreedyScreen:
 
 
 def attach_greedy_screen(model: torch.nn.Module) -> GreedyScreen | None:
-    """Give `model` (a CausalLM) a screen of its fp32 CPU head; None where none applies,
-    or where `MINSERVE_GREEDY_SCREEN=0` turns it off (to compare)."""
-    if os.environ.get("MINSERVE_GREEDY_SCREEN", "1") == "0":
-        return None
+    """Give `model` (a CausalLM) a screen of its fp32 CPU head; None where none applies.
+    The loader calls it where the execution config's `greedy_screen` is on."""
     weight = getattr(model.lm_head, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return None

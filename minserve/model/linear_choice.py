@@ -10,12 +10,12 @@ model's own linears, each shape apart, a few passes each, taking turns, and sets
 `PackedLinear.kernel_rows` to the largest row count up to which the kernel won clearly.
 
 The answer is cached per process (by the layers' shapes and torch's threads), so every
-model loaded in one process makes the same choice and gives the same tokens.
+model loaded in one process makes the same choice and gives the same tokens. The execution
+config can fix the row count instead (`linear_rows`, from the environment).
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections import defaultdict
@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from minserve.execution import MEASURED, LinearRows
 from minserve.kernels import cpu_ops
 from minserve.model.packed_linear import PackedLinear
 
@@ -82,9 +83,9 @@ def kernel_applies(layer: PackedLinear) -> bool:
 _chosen: dict[tuple, int] = {}  # per process: every model of these shapes chooses alike
 
 
-def tune_kernel_rows(model: nn.Module) -> dict[Shape, int]:
-    """Set `kernel_rows` on every `PackedLinear` in `model`, per layer shape: measured once
-    per process, shape and thread count, or taken from $MINSERVE_KERNEL_ROWS where set."""
+def tune_kernel_rows(model: nn.Module, rows: LinearRows = MEASURED) -> dict[Shape, int]:
+    """Set `kernel_rows` on every `PackedLinear` in `model`, per layer shape: `rows` where it
+    is a number, else measured once per process, shape and thread count."""
     groups: dict[Shape, list[PackedLinear]] = defaultdict(list)
     for m in model.modules():
         if isinstance(m, PackedLinear):
@@ -94,11 +95,11 @@ def tune_kernel_rows(model: nn.Module) -> dict[Shape, int]:
         key = (shape, torch.get_num_threads())
         if not kernel_applies(linears[0]):
             _chosen[key] = 0
-        elif "MINSERVE_KERNEL_ROWS" in os.environ:
-            _chosen[key] = int(os.environ["MINSERVE_KERNEL_ROWS"])
+        elif rows != MEASURED:
+            _chosen[key] = rows
         elif key not in _chosen:
             with torch.inference_mode():
-                timed = {rows: measure(linears, rows) for rows in CANDIDATE_ROWS}
+                timed = {n: measure(linears, n) for n in CANDIDATE_ROWS}
             _chosen[key] = choose_kernel_rows(timed)
         for m in linears:
             m.kernel_rows = _chosen[key]

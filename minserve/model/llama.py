@@ -39,9 +39,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_ops.applies(x, self.weight):  # fp32 on a CPU: one C call (minserve/kernels)
+        if self.c_kernels and cpu_ops.applies(x, self.weight):  # fp32 on a CPU: one C call
             return cpu_ops.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # torch's own rms_norm: the same math, one call not six
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -84,12 +85,13 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """positions [T] -> the step's rotation: cos and sin [T, 1, head_dim] each."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2]
         angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
-        return Rotation(angles.cos().to(dtype), angles.sin().to(dtype))
+        return Rotation(angles.cos().to(dtype), angles.sin().to(dtype), self.c_kernels)
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,11 @@ class Rotation:
 
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor  # [T, 1, head_dim]
+    c_kernels: bool = True  # RotaryEmbedding's switch: RoPE in C where it applies
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, heads, head_dim] -> x rotated by each token's position."""
-        if cpu_ops.applies(x, self.cos):  # fp32 on a CPU: one C call (minserve/kernels)
+        if self.c_kernels and cpu_ops.applies(x, self.cos):  # fp32 on a CPU: one C call
             return cpu_ops.rope(x, self.cos, self.sin)
         x1, x2 = x.chunk(2, dim=-1)
         return x * self.cos + torch.cat((-x2, x1), dim=-1) * self.sin
@@ -169,13 +172,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
         self.gate_up_proj: nn.Linear | None = None  # gate and up in one (`fused_projections.py`)
+        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate_up = self.gate_up_proj(x)  # [T, 2 * inner]: gate, then up
-            if cpu_ops.applies(gate_up):  # fp32 on a CPU: one C call (minserve/kernels)
+            if self.c_kernels and cpu_ops.applies(gate_up):  # fp32 on a CPU: one C call
                 return self.down_proj(cpu_ops.silu_mul(gate_up))
             gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
@@ -220,6 +224,14 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.greedy_screen: GreedyScreen | None = None  # set by the loader on a CPU
+        self.c_kernels = True  # the execution config's switch, for the screen
+
+    def use_c_kernels(self, on: bool) -> None:
+        """Switch the C kernels in every layer on (where they apply) or off (torch code
+        only). The loader sets it from the execution config; benchmarks flip it to compare."""
+        for module in self.modules():
+            if hasattr(module, "c_kernels"):
+                module.c_kernels = on
 
     def forward(
         self,
@@ -245,6 +257,6 @@ class CausalLM(nn.Module):
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> the argmax of each row's fp32 logits [N] (greedy decoding);
         through the bfloat16 screen of the head where it applies (greedy_head.py)."""
-        if screens(self.greedy_screen, hidden):
+        if self.c_kernels and screens(self.greedy_screen, hidden):
             return self.greedy_screen.tokens(hidden)
         return self.compute_logits(hidden).argmax(dim=-1)

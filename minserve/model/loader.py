@@ -2,34 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from minserve.errors import ModelLoadError
+from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.model.config import ModelConfig
 from minserve.model.default_model import default_model_path
 from minserve.model.fused_projections import fuse_projections
 from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
 from minserve.model.greedy_head import attach_greedy_screen
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
-from minserve.model.linear_choice import tune_kernel_rows
+from minserve.model.linear_choice import Shape, tune_kernel_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
-from minserve.model.packed_linear import can_prepack, prepack_linears
+from minserve.model.packed_linear import prepack_linears
 from minserve.model.tokenizer import Tokenizer
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A ready model with its tokenizer and where it came from."""
+    """A ready model with its tokenizer, where it came from and how it runs."""
 
     path: Path
     config: ModelConfig
     model: CausalLM
     tokenizer: Tokenizer
+    execution: ExecutionConfig
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -38,23 +38,6 @@ class LoadedModel:
             return self.config.eos_token_ids
         eos = self.tokenizer.eos_token_id
         return () if eos is None else (eos,)
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """ "auto" is fp32 on CPU (exact, and CPUs are slow at bf16) and bf16 on GPUs."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
 
 
 def load_model(
@@ -67,14 +50,15 @@ def load_model(
     """Load a GGUF file or a Hugging Face checkpoint folder (None: the bundled SmolLM2).
 
     `fuse`: q/k/v and gate/up as one linear each (`fused_projections.py`); `prepack`: on a
-    CPU, reorder the linear weights once for oneDNN (`packed_linear.py`)."""
+    CPU, reorder the linear weights once for oneDNN (`packed_linear.py`). How it runs is
+    resolved here, once (`minserve/execution.py`), and kept as `LoadedModel.execution`."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
             f"model path {path} does not exist; pass a .gguf file or a Hugging Face "
             "checkpoint folder (config.json + safetensors + tokenizer.json)"
         )
-    target = resolve_device(device)
+    execution = resolve_execution(device, dtype, prepack=prepack)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelLoadError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
@@ -86,8 +70,9 @@ def load_model(
         config = config_from_gguf(reader)
         weights = weights_from_gguf(reader, config)
         tokenizer = Tokenizer.from_gguf(path)
-    net = build_model(config, weights, resolve_dtype(dtype, target), target, prepack, fuse)
-    return LoadedModel(path=path, config=config, model=net, tokenizer=tokenizer)
+    net = build_model(config, weights, execution.dtype, execution.device, fuse)
+    execution = set_up_execution(net, execution)
+    return LoadedModel(path, config, net, tokenizer, execution)
 
 
 def build_model(
@@ -95,7 +80,6 @@ def build_model(
     weights: dict[str, torch.Tensor],
     dtype: torch.dtype,
     device: torch.device,
-    prepack: bool = False,
     fuse: bool = False,
 ) -> CausalLM:
     """Create the decoder without initialising it, then adopt the checkpoint's tensors."""
@@ -113,11 +97,30 @@ def build_model(
         net.lm_head.weight = net.model.embed_tokens.weight
     if fuse:
         fuse_projections(net)
-    if prepack and can_prepack(device, dtype):
-        prepack_linears(net)
-        tune_kernel_rows(net)  # oneDNN or the few-row C kernel for a decode, on this CPU
-        attach_greedy_screen(net)  # greedy rows read the head in bfloat16, exactly
     return net.eval()
+
+
+def set_up_execution(net: CausalLM, execution: ExecutionConfig) -> ExecutionConfig:
+    """Give `net` the paths `execution` chose; return it with what was measured and set."""
+    net.use_c_kernels(execution.c_kernels)
+    if not execution.prepack:
+        return execution
+    prepack_linears(net)
+    # oneDNN or the few-row C kernel for a decode's rows, per layer shape, on this CPU
+    rows = tune_kernel_rows(net, execution.linear_rows)
+    if execution.greedy_screen:
+        attach_greedy_screen(net)  # greedy rows read the head in bfloat16, exactly
+    return replace(
+        execution,
+        rows_by_shape=tuple((shape_name(shape), n) for shape, n in rows.items()),
+        greedy_screen=net.greedy_screen is not None,
+    )
+
+
+def shape_name(shape: Shape) -> str:
+    """A linear's shape as the execution summary shows it: "576x1536", "+bias" if any."""
+    in_features, out_features, _, bias = shape
+    return f"{in_features}x{out_features}" + ("+bias" if bias else "")
 
 
 def _check_names(expected: set[str], found: set[str]) -> None:

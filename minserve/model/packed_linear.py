@@ -48,7 +48,8 @@ class PackedLinear(nn.Module):
     `weight` and `bias` stay as they were (a tied embedding shares the weight, and
     `state_dict()` still names it); `packed` is the reordered copy the forward reads.
     Inputs of at most `kernel_rows` rows (fp32) go to the few-row C kernel on `weight`
-    instead (`cpu_ops.linear_rows`; `linear_choice.py` measures where it wins).
+    instead (`cpu_ops.linear_rows`; `linear_choice.py` measures where it wins), while the
+    `c_kernels` switch is on (`CausalLM.use_c_kernels`).
     """
 
     kernel_rows: int = 0
@@ -63,11 +64,12 @@ class PackedLinear(nn.Module):
         # detached once here, not on every call (the same storage as `weight` and `bias`)
         self._weight = linear.weight.detach().contiguous()  # [out, in], row-major
         self._bias = None if linear.bias is None else linear.bias.detach()
+        self.c_kernels = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
         num_rows = rows.shape[0]
-        if num_rows <= self.kernel_rows and cpu_ops.applies(rows):
+        if num_rows <= self.kernel_rows and self.c_kernels and cpu_ops.applies(rows):
             out = cpu_ops.linear_rows(rows, self._weight, self._bias)  # [N, out]
             return out if rows is x else out.view(*x.shape[:-1], self.out_features)
         padded = padded_rows(num_rows)

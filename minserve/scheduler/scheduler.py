@@ -26,9 +26,9 @@ from minserve.config import SchedulerConfig
 from minserve.kvcache.manager import KVCacheManager
 from minserve.messages import ModelRunnerOutput, SampledTokens, ScheduledChunk, SchedulerOutput
 from minserve.request import Request, StopRules
+from minserve.scheduler.draft_planner import DraftPlanner
 from minserve.scheduler.policy import get_policy
 from minserve.scheduler.sequence import SeqStatus, Sequence
-from minserve.scheduler.draft_planner import DraftPlanner
 
 
 @dataclass(frozen=True)

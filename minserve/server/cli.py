@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.disaggregation is None:
         from minserve.llm import LLM
 
+        log_to_stderr()  # the execution line the LLM logs as it loads
         llm = LLM(model=args.model, **_engine_options(args))
         path, build = llm.loaded.path, build_server
     else:
@@ -123,6 +125,16 @@ def run_until_stopped(server: Server, host: str, port: int) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
         http.stop()
+
+
+def log_to_stderr() -> None:
+    """minserve's info-level log records to stderr, as `minserve: ...` lines."""
+    logger = logging.getLogger("minserve")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("minserve: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -1,0 +1,192 @@
+"""How the engine runs on this machine: one `ExecutionConfig`, resolved once at load.
+
+The arguments say what the user asked for ("auto" where nothing), the machine says what can
+run (a GPU, a C compiler, oneDNN), and a few environment variables switch a CPU path off to
+compare it with another. This is the one module that reads `MINSERVE_*` variables:
+
+    MINSERVE_C_KERNELS=0|1           the C kernels (minserve/kernels); default 1
+    MINSERVE_KERNEL_ROWS=N|measured  few-row linear kernel up to N rows (0: oneDNN always);
+                                     default: measured per layer shape at load
+    MINSERVE_GREEDY_SCREEN=0|1       greedy tokens through the head's bf16 screen; default 1
+    MINSERVE_KERNEL_CACHE=DIR        where the compiled C kernels are kept;
+                                     default ~/.cache/minserve/kernels
+
+An empty value counts as unset. `LLM(...)` logs the resolved config in one line
+(`summary()`) and returns it from `llm.get_execution_config()`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from minserve.kernels.build import build_error
+from minserve.model.packed_linear import can_prepack
+
+C_KERNELS, KERNEL_ROWS = "MINSERVE_C_KERNELS", "MINSERVE_KERNEL_ROWS"
+GREEDY_SCREEN, KERNEL_CACHE = "MINSERVE_GREEDY_SCREEN", "MINSERVE_KERNEL_CACHE"
+MEASURED = "measured"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+LinearRows = int | Literal["measured"]
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """Which path each part of a step takes: what the loader set up and the engine runs.
+
+    `c_kernels`: the C kernels of the decoder layers run (RMSNorm, RoPE, SiLU-and-mul,
+    few-row linear, head screen): switched on, on a CPU, the library built. They take fp32
+    tensors; anything else runs the layers' torch code.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    attention: str  # the attention backend: "cpu", "torch" or "triton" (never "auto")
+    c_kernels: bool
+    prepack: bool  # linear weights reordered once for oneDNN (CPU)
+    linear_rows: LinearRows  # few-row kernel up to this many rows (0: off), or measured
+    greedy_screen: bool
+    kernel_cache: Path
+    rows_by_shape: tuple[tuple[str, int], ...] = ()  # what the loader set: ("576x576", 16)
+    c_kernels_missing: str | None = None  # why they are off although switched on
+
+    def with_attention(self, name: str) -> ExecutionConfig:
+        """This config with the attention backend `name` ("auto": the default) resolved."""
+        return replace(self, attention=resolve_attention(name, self.device, self.c_kernels))
+
+    def summary(self) -> str:
+        """One line: every choice, e.g. `execution: device=cpu dtype=float32 ...`."""
+        fields = {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention": self.attention,
+            "c_kernels": _on_off(self.c_kernels, self.c_kernels_missing),
+            "prepack": _on_off(self.prepack),
+            "linear_rows": self._rows_text(),
+            "greedy_screen": _on_off(self.greedy_screen),
+            "kernel_cache": str(self.kernel_cache),
+        }
+        return "execution: " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+    def _rows_text(self) -> str:
+        if self.linear_rows == MEASURED:
+            shapes = ",".join(f"{shape}:{rows}" for shape, rows in self.rows_by_shape)
+            return f"{MEASURED}({shapes})"
+        return str(self.linear_rows) if self.linear_rows else "off"
+
+
+def _on_off(on: bool, why_off: str | None = None) -> str:
+    if on:
+        return "on"
+    return "off" if why_off is None else f"off({why_off.splitlines()[0]})"
+
+
+def resolve_execution(
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    attention: str = "auto",
+    prepack: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> ExecutionConfig:
+    """Decide every path from the arguments, this machine and the environment (os.environ
+    unless `environ` is given). Invalid values raise ValueError naming what to change."""
+    env = os.environ if environ is None else environ
+    wanted, screen = env_switch(env, C_KERNELS), env_switch(env, GREEDY_SCREEN)
+    rows = env_linear_rows(env)  # every variable checked, on any device
+    target = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, target)
+    c_kernels, missing = resolve_c_kernels(wanted, target)
+    packed = prepack and can_prepack(target, torch_dtype)
+    few_rows = packed and c_kernels and torch_dtype == torch.float32  # fp32 kernels only
+    return ExecutionConfig(
+        device=target,
+        dtype=torch_dtype,
+        attention=resolve_attention(attention, target, c_kernels),
+        c_kernels=c_kernels,
+        prepack=packed,
+        linear_rows=rows if few_rows else 0,
+        greedy_screen=few_rows and screen,
+        kernel_cache=kernel_cache_dir(env),
+        c_kernels_missing=missing,
+    )
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """ "auto" is the GPU where there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """ "auto" is fp32 on CPU (exact, and CPUs are slow at bf16) and bf16 on GPUs."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def resolve_c_kernels(wanted: bool, device: torch.device) -> tuple[bool, str | None]:
+    """Whether the C kernels run (on a CPU, switched on, the library built), and why not
+    when they were wanted but cannot build. A GPU never builds them."""
+    if not wanted or device.type != "cpu":
+        return False, None
+    missing = build_error()
+    return missing is None, missing
+
+
+def resolve_attention(name: str, device: torch.device, c_kernels: bool) -> str:
+    """ "auto": Triton on a GPU; on a CPU the C backend where the C kernels run, else torch.
+    Other names pass through (`get_attention_backend` checks them)."""
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "triton"
+    return "cpu" if c_kernels else "torch"
+
+
+# --- the environment --------------------------------------------------------------------------
+
+
+def env_value(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's value, None where it is unset or empty."""
+    return env.get(name) or None
+
+
+def env_switch(env: Mapping[str, str], name: str) -> bool:
+    """A 0|1 variable; unset means on."""
+    value = env_value(env, name)
+    if value is None:
+        return True
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: expected 0 (off) or 1 (on)")
+    return value == "1"
+
+
+def env_linear_rows(env: Mapping[str, str]) -> LinearRows:
+    """$MINSERVE_KERNEL_ROWS: a fixed row count, or measured (the default)."""
+    value = env_value(env, KERNEL_ROWS)
+    if value is None or value == MEASURED:
+        return MEASURED
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(
+            f"{KERNEL_ROWS}={value!r}: expected a row count (an integer >= 0; 0: oneDNN "
+            f"always) or {MEASURED!r}"
+        )
+    return int(value)
+
+
+def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the compiled C kernels are kept: $MINSERVE_KERNEL_CACHE or ~/.cache/minserve."""
+    value = env_value(os.environ if environ is None else environ, KERNEL_CACHE)
+    default = Path.home() / ".cache" / "minserve" / "kernels"
+    return default if value is None else Path(value).expanduser()

@@ -1,0 +1,249 @@
+"""The execution config (`minserve/execution.py`): every path resolved once at load from the
+arguments, the machine and the environment, logged in one line, returned by the LLM; the C
+kernels off give the same greedy tokens as on."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import minserve
+from minserve import execution
+from minserve.execution import ExecutionConfig, resolve_execution
+from minserve.kernels import cpu_ops
+from minserve.kernels.build import cache_dir, cpu_kernels
+from minserve.llm import LLM
+from minserve.model.packed_linear import PackedLinear, can_prepack
+from minserve.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    not can_prepack(torch.device("cpu"), torch.float32) or cpu_kernels() is None,
+    reason="oneDNN or the C kernels are not available",
+)
+DEFAULT_CACHE = Path.home() / ".cache" / "minserve" / "kernels"
+C_KERNEL_OPS = ("rms_norm", "rope", "silu_mul", "linear_rows", "bf16_logits")
+
+
+def cpu(**environ: str) -> ExecutionConfig:
+    return resolve_execution("cpu", environ=environ)
+
+
+# --- resolution -----------------------------------------------------------------------------
+
+
+def test_the_defaults_on_a_cpu_are_every_c_path() -> None:
+    config = cpu()
+    assert (config.device, config.dtype, config.attention) == (
+        torch.device("cpu"), torch.float32, "cpu",
+    )  # fmt: skip
+    assert config.c_kernels and config.prepack and config.greedy_screen
+    assert config.linear_rows == "measured" and config.kernel_cache == DEFAULT_CACHE
+    assert config.c_kernels_missing is None
+
+
+def test_auto_means_the_gpu_where_there_is_one() -> None:
+    config = resolve_execution(environ={})
+    assert config.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_a_gpu_gets_triton_bfloat16_and_no_c_paths() -> None:
+    config = resolve_execution("cuda", environ={})  # resolving needs no GPU
+    assert (config.dtype, config.attention) == (torch.bfloat16, "triton")
+    assert not (config.c_kernels or config.prepack or config.greedy_screen)
+    assert config.linear_rows == 0
+
+
+def test_arguments_choose_dtype_backend_and_prepacking() -> None:
+    assert resolve_execution("cpu", attention="torch", environ={}).attention == "torch"
+    bf16 = resolve_execution("cpu", "bfloat16", environ={})
+    assert bf16.dtype == torch.bfloat16 and bf16.attention == "cpu"  # as "auto" always chose
+    assert bf16.linear_rows == 0 and not bf16.greedy_screen  # fp32 kernels only
+    plain = resolve_execution("cpu", prepack=False, environ={})
+    assert not plain.prepack and plain.linear_rows == 0 and not plain.greedy_screen
+    assert plain.c_kernels and plain.attention == "cpu"
+
+
+def test_the_environment_switches_the_c_kernels_off() -> None:
+    config = cpu(MINSERVE_C_KERNELS="0")
+    assert not config.c_kernels and config.c_kernels_missing is None
+    assert config.attention == "torch" and config.linear_rows == 0 and not config.greedy_screen
+    explicit = resolve_execution("cpu", attention="cpu", environ={"MINSERVE_C_KERNELS": "0"})
+    assert explicit.attention == "cpu"  # a backend asked for by name is kept
+
+
+@pytest.mark.parametrize(
+    ("environ", "field", "value"),
+    [
+        ({"MINSERVE_KERNEL_ROWS": "8"}, "linear_rows", 8),
+        ({"MINSERVE_KERNEL_ROWS": "0"}, "linear_rows", 0),
+        ({"MINSERVE_KERNEL_ROWS": "measured"}, "linear_rows", "measured"),
+        ({"MINSERVE_KERNEL_ROWS": ""}, "linear_rows", "measured"),  # empty: unset
+        ({"MINSERVE_GREEDY_SCREEN": "0"}, "greedy_screen", False),
+        ({"MINSERVE_GREEDY_SCREEN": "1"}, "greedy_screen", True),
+        ({"MINSERVE_C_KERNELS": "1"}, "c_kernels", True),
+        ({"MINSERVE_KERNEL_CACHE": "/tmp/kernels"}, "kernel_cache", Path("/tmp/kernels")),
+    ],
+)
+def test_each_variable_sets_its_field(environ: dict[str, str], field: str, value: object) -> None:
+    assert getattr(cpu(**environ), field) == value
+
+
+def test_the_process_environment_is_read_when_none_is_given(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("MINSERVE_KERNEL_ROWS", "4")
+    monkeypatch.setenv("MINSERVE_KERNEL_CACHE", str(tmp_path))
+    assert resolve_execution("cpu").linear_rows == 4
+    assert cache_dir() == tmp_path  # where the C kernels are built and kept
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [
+        ("MINSERVE_C_KERNELS", "yes", "expected 0 .off. or 1 .on."),
+        ("MINSERVE_C_KERNELS", "2", "expected 0 .off. or 1 .on."),
+        ("MINSERVE_GREEDY_SCREEN", "off", "expected 0 .off. or 1 .on."),
+        (
+            "MINSERVE_KERNEL_ROWS",
+            "-1",
+            "expected a row count .an integer >= 0; 0: oneDNN always. or 'measured'",
+        ),
+        (
+            "MINSERVE_KERNEL_ROWS",
+            "eight",
+            "expected a row count .an integer >= 0; 0: oneDNN always. or 'measured'",
+        ),
+        (
+            "MINSERVE_KERNEL_ROWS",
+            "1.5",
+            "expected a row count .an integer >= 0; 0: oneDNN always. or 'measured'",
+        ),
+    ],
+)
+def test_an_invalid_value_names_the_variable_and_what_it_takes(
+    name: str, value: str, allowed: str
+) -> None:
+    for device in ("cpu", "cuda"):  # checked on any device, used or not
+        with pytest.raises(ValueError, match=f"{name}='{value}': {allowed}"):
+            resolve_execution(device, environ={name: value})
+
+
+def test_an_unknown_dtype_says_which_there_are() -> None:
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'; choose auto, float32, bfloat16"):
+        resolve_execution("cpu", "fp8", environ={})
+
+
+def test_no_module_but_the_execution_config_mentions_minserve_variables() -> None:
+    package = Path(minserve.__file__).parent
+    own = Path(execution.__file__)
+    readers = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if path != own and "MINSERVE_" in path.read_text()
+    ]
+    assert readers == []
+
+
+# --- the summary line -----------------------------------------------------------------------
+
+
+def test_the_summary_names_every_choice_on_one_line() -> None:
+    config = ExecutionConfig(
+        device=torch.device("cpu"), dtype=torch.float32, attention="cpu", c_kernels=True,
+        prepack=True, linear_rows="measured", greedy_screen=True, kernel_cache=Path("/k"),
+        rows_by_shape=(("576x576", 16), ("576x1536", 12)),
+    )  # fmt: skip
+    assert config.summary() == (
+        "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on "
+        "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on kernel_cache=/k"
+    )
+    fixed = cpu(MINSERVE_KERNEL_ROWS="8", MINSERVE_GREEDY_SCREEN="0").summary()
+    assert "linear_rows=8 greedy_screen=off" in fixed
+    assert "c_kernels=off prepack=on linear_rows=off" in cpu(MINSERVE_C_KERNELS="0").summary()
+
+
+def test_the_llm_logs_its_config_once_and_returns_it(tiny_model, caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="minserve"):
+        llm = LLM(tiny_model("llama"))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("execution:")]
+    config = llm.get_execution_config()
+    assert lines == [config.summary()] and config is llm.engine.execution
+    assert lines[0].startswith(
+        "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on "
+        "linear_rows=measured("
+    )
+    linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
+    assert dict(config.rows_by_shape) == {  # what the loader set on each layer shape
+        f"{m.in_features}x{m.out_features}": m.kernel_rows for m in linears
+    }
+
+
+def test_a_fixed_row_count_from_the_environment_reaches_every_layer(
+    tiny_model, monkeypatch
+) -> None:
+    monkeypatch.setenv("MINSERVE_KERNEL_ROWS", "3")
+    llm = LLM(tiny_model("llama"))
+    linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
+    assert {m.kernel_rows for m in linears} == {3}
+    assert llm.get_execution_config().linear_rows == 3
+
+
+def test_the_greedy_screen_switched_off_is_not_attached(tiny_model, monkeypatch) -> None:
+    monkeypatch.setenv("MINSERVE_GREEDY_SCREEN", "0")
+    llm = LLM(tiny_model("llama"))
+    assert llm.loaded.model.greedy_screen is None
+    assert not llm.get_execution_config().greedy_screen
+
+
+def test_each_engine_resolves_its_own_attention_backend(tiny_model) -> None:
+    base = LLM(tiny_model("llama"))
+    torch_attention = LLM(base.loaded, attention_backend="torch").get_execution_config()
+    assert torch_attention.attention == "torch"
+    assert torch_attention.rows_by_shape == base.get_execution_config().rows_by_shape
+    reference = LLM(base.loaded, engine="reference").get_execution_config()
+    assert reference.attention == "contiguous"
+
+
+# --- the C kernels off --------------------------------------------------------------------
+
+
+def greedy_tokens(llm: LLM) -> list[list[int]]:
+    prompts = [{"prompt_token_ids": list(range(5 + i, 30 + 7 * i))} for i in range(3)]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    # one prompt alone (the head's screen at batch 1), then three (the few-row linears)
+    return [
+        o.outputs[0].token_ids
+        for batch in (prompts[:1], prompts)
+        for o in llm.generate(batch, params, use_tqdm=False)
+    ]
+
+
+def refuse_c_kernels(monkeypatch) -> None:
+    for name in C_KERNEL_OPS:
+        monkeypatch.setattr(cpu_ops, name, lambda *args: pytest.fail("a C kernel ran"))
+
+
+def test_the_c_kernels_off_give_the_same_greedy_tokens(tiny_model, monkeypatch) -> None:
+    with_c = greedy_tokens(LLM(tiny_model("llama")))
+    monkeypatch.setenv("MINSERVE_C_KERNELS", "0")
+    llm = LLM(tiny_model("llama"))
+    config = llm.get_execution_config()
+    assert not config.c_kernels and config.attention == "torch"
+    refuse_c_kernels(monkeypatch)
+    assert greedy_tokens(llm) == with_c
+
+
+def test_the_models_switch_reaches_every_layer(tiny_model, monkeypatch) -> None:
+    llm = LLM(tiny_model("llama"), attention_backend="torch")
+    with_c = greedy_tokens(llm)
+    llm.loaded.model.use_c_kernels(False)
+    with monkeypatch.context() as patch:
+        refuse_c_kernels(patch)
+        assert greedy_tokens(llm) == with_c
+    llm.loaded.model.use_c_kernels(True)
+    calls = []
+    real = cpu_ops.rms_norm
+    monkeypatch.setattr(cpu_ops, "rms_norm", lambda *args: calls.append(1) or real(*args))
+    greedy_tokens(llm)
+    assert calls
