@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/cpu_kernels.py [--batches 1,5,16] [--steps 120]
 
 1. One layer's decode attention (store + attend), SmolLM2's shapes, context 512: the
-   torch backend against the C backend, alternating (minserve.bench.kernel_timing).
+   torch backend against the C backend, alternating (minserve.viz.kernel_timing).
 2. Whole engine decode steps of the bundled SmolLM2 (fp32): the plain-torch path
    (attention_backend="torch" inside `cpu_ops.torch_only()`) against the default ("cpu":
    C attention and C RMSNorm / RoPE / SiLU), two engines sharing one loaded model in one
@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from minserve.bench.kernel_timing import time_decode_backends
 from minserve.bench.run_env import RunRecord
 from minserve.kernels import cpu_ops
 from minserve.llm import LLM
 from minserve.sampling_params import SamplingParams
+from minserve.viz.kernel_timing import time_decode_backends
 
 HERE = Path(__file__).parent
 PROMPT_LEN = 128

@@ -27,7 +27,8 @@ import torch
 from naive_decode import command_line, machine  # benchmarks/ is on sys.path as the script dir
 
 from minserve import LLM
-from minserve.bench.kv_utilization import (
+from minserve.bench.offline import offline_workload
+from minserve.viz.kv_utilization import (
     ContiguousMaxLen,
     ContiguousMaxTokens,
     EngineRun,
@@ -35,7 +36,6 @@ from minserve.bench.kv_utilization import (
     compare_layouts,
     measure_engine,
 )
-from minserve.bench.offline import offline_workload
 
 HERE = Path(__file__).resolve().parent
 TARGET = 0.90  # the paged pool should use at least this fraction of what it reserves

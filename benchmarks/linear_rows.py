@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 
 from minserve.bench.ab_steps import ab_decode_steps
-from minserve.bench.linear_timing import PATHS, time_linear_paths
 from minserve.bench.run_env import RunRecord
 from minserve.kernels import cpu_ops
 from minserve.llm import LLM
 from minserve.model.linear_choice import shape_of
 from minserve.model.packed_linear import PackedLinear
+from minserve.viz.linear_timing import PATHS, time_linear_paths
 
 HERE = Path(__file__).parent
 PASSES = 12

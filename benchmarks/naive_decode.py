@@ -25,7 +25,8 @@ import torch
 from tqdm import tqdm
 
 from minserve import LLM
-from minserve.bench.naive import (
+from minserve.bench.offline_suite import machine_info, wait_for_quiet
+from minserve.viz.naive import (
     bandwidth_floor,
     decode_tokens_per_second,
     hf_decode_tokens_per_second,
@@ -33,7 +34,6 @@ from minserve.bench.naive import (
     measure_memory_bandwidth,
     weight_bytes,
 )
-from minserve.bench.offline_suite import machine_info, wait_for_quiet
 
 HERE = Path(__file__).resolve().parent
 ENGINES = ("minserve", "hf")

@@ -11,8 +11,8 @@ import torch
 
 from minserve import LLM
 from minserve.bench.chunked_itl import ItlConfig, ItlWorkload, itl_summary, summarize
-from minserve.bench.step_trace import trace_engine
 from minserve.cli import main
+from minserve.viz.step_trace import trace_engine
 
 WORKLOAD = ItlWorkload(
     num_streams=3,

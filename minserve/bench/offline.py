@@ -200,8 +200,8 @@ def run_hf_static(
     """Hugging Face `generate` with static batches: each batch runs to its longest request."""
     import transformers
 
-    from minserve.bench.naive import load_hf_model
     from minserve.model.default_model import default_model_path
+    from minserve.viz.naive import load_hf_model
 
     hf_model = load_hf_model(model or default_model_path()).to(getattr(torch, dtype))
     batches = static_batches(workload, batch_size)
