@@ -25,4 +25,4 @@ fi
 "$VENV/bin/python" -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)'
 
 # The HF-folder copy of the bundled model, written with minserve's own venv (transformers).
-"$ROOT/.venv/bin/python" -c 'from minserve.bench.offline_suite import hf_model_folder; print(hf_model_folder())'
+"$ROOT/.venv/bin/python" -c 'from minserve.bench.checkpoint import hf_model_folder; print(hf_model_folder())'

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from minserve.bench.checkpoint import hf_model_folder
 from minserve.bench.sched_overhead import is_all_decoding
 from minserve.bench.speculative import Cell, ProposerSpec, RunTotals, make_cell
 from minserve.sampling_params import SamplingParams
@@ -50,7 +51,6 @@ def _layer_index(name: str) -> int:
 def load_drafts(specs: list[ProposerSpec], target: Any, workdir: Path) -> dict[ProposerSpec, Any]:
     """The draft model each draft_model spec needs: the target itself when it names no layer
     count, else a truncated copy written under `workdir` and loaded from there."""
-    from minserve.bench.offline_suite import hf_model_folder
     from minserve.model.loader import load_model
 
     drafts: dict[ProposerSpec, Any] = {}
