@@ -9,12 +9,11 @@ p99 ITL at least 3x lower than without, for at most 10% less throughput.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run_env import RunRecord, add_record_arguments, command_line, write_results
+from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
 from minserve.bench.chunked_itl import ItlConfig
 from minserve.bench.chunked_itl_command import add_arguments, measure, table
 from minserve.bench.options import positive_ints
@@ -28,18 +27,12 @@ CLOCK_WORDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.chunked_prefill_itl",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    add_arguments(parser)
+    parser = record_parser(__spec__.name, __doc__, add_arguments)
     parser.add_argument("--chosen-budget", type=int, default=512, help="the one the verdict is on")
-    add_record_arguments(parser, "chunked_prefill_itl")
     args = parser.parse_args(argv)
     if args.chosen_budget not in positive_ints(args.budgets, "--budgets"):
         parser.error(f"--chosen-budget {args.chosen_budget} is not in --budgets {args.budgets}")
-    record = RunRecord.start(command_line(__spec__.name, argv), args.threads, args.max_load,
-                             args.max_wait)  # fmt: skip
-    measured = measure(args)
-    record.finish()
+    record, measured = measure_recorded(__spec__.name, argv, args, measure, args.threads)
     report = build_report(record, measured, args.chosen_budget)
     write_results(report, args.output, markdown(report), write_plot)
     return 0

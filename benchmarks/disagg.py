@@ -9,25 +9,18 @@ prefill time by prompt length and of each plan's SLO-met rate by prefill share.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.run_env import RunRecord, add_record_arguments, command_line, write_results
+from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
 from minserve.bench.disagg import add_arguments, measure
 from minserve.bench.disagg_tables import section_lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.disagg",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    add_arguments(parser)
-    add_record_arguments(parser, "disagg")
-    args = parser.parse_args(argv)
-    record = RunRecord.start(command_line(__spec__.name, argv), 1, args.max_load, args.max_wait)
-    report = measure(args)
-    record.finish()
+    args = record_parser(__spec__.name, __doc__, add_arguments).parse_args(argv)
+    record, report = measure_recorded(__spec__.name, argv, args, measure, threads=1)
     report["run"] = asdict(record)
     has_plot = "transfer" in report or "plans" in report
     write_results(report, args.output, markdown(report), plot if has_plot else None)

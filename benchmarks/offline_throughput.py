@@ -11,7 +11,6 @@ interpreter (`benchmarks/offline_peers.py`); vLLM under its own venv's
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -29,9 +28,9 @@ from benchmarks.offline_peers import save_workload
 from benchmarks.offline_report import OfflineReport, label, markdown, write_report
 from benchmarks.run_env import (
     REPO_ROOT,
-    add_record_arguments,
     command_line,
     machine_info,
+    record_parser,
     wait_for_quiet,
 )
 from benchmarks.vllm_peer import INSTALL_VLLM, vllm_env
@@ -181,12 +180,10 @@ def _progress_line(r: OfflineResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.offline_throughput",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    offline.add_arguments(parser)  # the workload and the model, as `minserve bench offline`
+    # the workload and the model, as `minserve bench offline`; then the peers
+    parser = record_parser(__spec__.name, __doc__, offline.add_arguments)
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
-    add_record_arguments(parser, "offline_throughput")
     args = parser.parse_args(argv)
     try:
         peers = choices(args.peers, PEERS, "peer")

@@ -9,13 +9,12 @@ first token at least 5x lower on hits, radix-tree upkeep under 1% of the step ti
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from benchmarks.run_env import RunRecord, add_record_arguments, command_line, write_results
+from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
 from minserve.bench.prefix_command import add_arguments, measure, runs_table, summary_table
 
 TARGETS = {"hit_rate_of_ideal": 0.90, "ttft_speedup_on_hits": 5.0, "upkeep_fraction": 0.01}
@@ -29,15 +28,8 @@ GOALS = {  # the targets as the summary table shows them
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.prefix_cache",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    add_arguments(parser)
-    add_record_arguments(parser, "prefix_cache")
-    args = parser.parse_args(argv)
-    record = RunRecord.start(command_line(__spec__.name, argv), args.threads, args.max_load,
-                             args.max_wait)  # fmt: skip
-    measured = measure(args)
-    record.finish()
+    args = record_parser(__spec__.name, __doc__, add_arguments).parse_args(argv)
+    record, measured = measure_recorded(__spec__.name, argv, args, measure, args.threads)
     report = {"command": record.command, "date": record.date, "machine": record.machine,
               **measured, "targets": TARGETS}  # fmt: skip
     write_results(report, args.output, markdown(report), write_plot)

@@ -8,24 +8,16 @@ router.{json,md,png}: prefix hit rate from the replicas' own counters, goodput a
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.run_env import RunRecord, add_record_arguments, command_line, write_results
+from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
 from minserve.bench.router import add_arguments, measure, table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.router",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    add_arguments(parser)
-    add_record_arguments(parser, "router")
-    args = parser.parse_args(argv)
-    record = RunRecord.start(command_line(__spec__.name, argv), args.threads, args.max_load,
-                             args.max_wait)  # fmt: skip
-    measured = measure(args)
-    record.finish()
+    args = record_parser(__spec__.name, __doc__, add_arguments).parse_args(argv)
+    record, measured = measure_recorded(__spec__.name, argv, args, measure, args.threads)
     report = {"command": record.command, "date": record.date, "machine": record.machine,
               **measured}  # fmt: skip
     write_results(report, args.output, markdown(report), write_plot)

@@ -133,14 +133,30 @@ class RunRecord:
         )
 
 
-def add_record_arguments(
-    parser: argparse.ArgumentParser, output: str, max_wait_s: float = 600.0
-) -> None:
-    """--max-load, --max-wait and --output (default benchmarks/OUTPUT, without a suffix)."""
+def record_parser(
+    module: str, doc: str, add_arguments: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
+    """A program's options: the `minserve bench` command's (`add_arguments`), then the
+    record's: --max-load, --max-wait and --output (default benchmarks/NAME, no suffix)."""
+    name = module.rpartition(".")[2]
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
+    add_arguments(parser)
     parser.add_argument("--max-load", type=float, default=None, help="wait for a load below this")
-    parser.add_argument("--max-wait", type=float, default=max_wait_s, help="seconds to wait")
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "benchmarks" / output,
+    parser.add_argument("--max-wait", type=float, default=600.0, help="seconds to wait for it")
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "benchmarks" / name,
                         help="writes OUTPUT.json and OUTPUT.md (and OUTPUT.png)")  # fmt: skip
+    return parser
+
+
+def measure_recorded(
+    module: str, argv: Sequence[str] | None, args: argparse.Namespace,
+    measure: Callable[[argparse.Namespace], Any], threads: int | None,
+) -> tuple[RunRecord, Any]:  # fmt: skip
+    """Start the record (torch threads, a quiet machine), `measure(args)`, finish the record."""
+    record = RunRecord.start(command_line(module, argv), threads, args.max_load, args.max_wait)
+    measured = measure(args)
+    record.finish()
+    return record, measured
 
 
 def write_json(data: dict[str, Any], path: Path) -> Path:

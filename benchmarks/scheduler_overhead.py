@@ -9,11 +9,10 @@ running requests.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
-from benchmarks.run_env import RunRecord, add_record_arguments, command_line, write_results
+from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
 from minserve.bench.sched_overhead import add_arguments, measure_sizes, table
 
 TARGET_FRACTION = 0.05  # at 64 running requests
@@ -21,15 +20,8 @@ TARGET_BATCH = 64
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scheduler_overhead",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    add_arguments(parser)
-    add_record_arguments(parser, "scheduler_overhead")
-    args = parser.parse_args(argv)
-    record = RunRecord.start(command_line(__spec__.name, argv), args.threads, args.max_load,
-                             args.max_wait)  # fmt: skip
-    results = measure_sizes(args)
-    record.finish()
+    args = record_parser(__spec__.name, __doc__, add_arguments).parse_args(argv)
+    record, results = measure_recorded(__spec__.name, argv, args, measure_sizes, args.threads)
     report = {
         "command": record.command,
         "date": record.date,

@@ -10,27 +10,19 @@ proposer: at least 2 tokens per target forward and a 1.5x speedup.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run_env import RunRecord, add_record_arguments, command_line, write_results
+from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
 from minserve.bench.speculative_command import add_arguments, measure, table
 
 TARGETS = {"tokens_per_forward": 2.0, "speedup": 1.5}  # repetition, batch 1, best proposer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.speculative",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    add_arguments(parser)
-    add_record_arguments(parser, "speculative")
-    args = parser.parse_args(argv)
-    record = RunRecord.start(command_line(__spec__.name, argv), args.threads, args.max_load,
-                             args.max_wait)  # fmt: skip
-    measured = measure(args)
-    record.finish()
+    args = record_parser(__spec__.name, __doc__, add_arguments).parse_args(argv)
+    record, measured = measure_recorded(__spec__.name, argv, args, measure, args.threads)
     report = build_report(record, measured)
     write_results(report, args.output, markdown(report), write_plot)
     return 0
