@@ -1,9 +1,9 @@
 """The C kernels (minserve/kernels) against plain torch on this CPU, side by side.
 
-    .venv/bin/python benchmarks/cpu_kernels.py [--batches 1,5,16] [--steps 120]
+    .venv/bin/python -m benchmarks.cpu_kernels [--batches 1,5,16] [--steps 120]
 
 1. One layer's decode attention (store + attend), SmolLM2's shapes, context 512: the
-   torch backend against the C backend, alternating (minserve.bench.kernel_timing).
+   torch backend against the C backend, alternating (minserve.viz.kernel_timing).
 2. Whole engine decode steps of the bundled SmolLM2 (fp32): the plain-torch path
    (attention_backend="torch", the model's C kernels switched off by `use_c_kernels`)
    against the default ("cpu": C attention, C RMSNorm / RoPE / SiLU, few-row linears and
@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from minserve.bench.kernel_timing import time_decode_backends
-from minserve.bench.run_env import RunRecord
+from benchmarks.run_env import RunRecord, command_line
 from minserve.llm import LLM
 from minserve.sampling_params import SamplingParams
+from minserve.viz.kernel_timing import time_decode_backends
 
 HERE = Path(__file__).parent
 PROMPT_LEN = 128
@@ -111,7 +109,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    command = shlex.join([".venv/bin/python", "benchmarks/cpu_kernels.py", *sys.argv[1:]])
+    command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     attention = time_decode_backends(batch_sizes=(1, 4, 16, 64), context=512)
     base = LLM()

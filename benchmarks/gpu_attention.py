@@ -1,7 +1,7 @@
 """minserve's Triton paged-attention kernels on a GPU: checked, then timed against peers.
 
-    python benchmarks/gpu_attention.py                 # on a CUDA machine, < 5 minutes
-    python benchmarks/gpu_attention.py --dry-run       # on a CPU: tiny shapes, interpreter
+    python -m benchmarks.gpu_attention             # on a CUDA machine, < 5 minutes
+    python -m benchmarks.gpu_attention --dry-run   # on a CPU: tiny shapes, interpreter
 
 1. Checks: store, decode, split-K decode and prefill/extend against their plain-torch
    references (minserve/attention/paged_torch.py) in bf16 and fp32, on shuffled blocks.
@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
     measure, peak = timer(device), args.peak_tbps * 1e12
     decode_shapes, prefill_shapes = (DRY_DECODE, DRY_PREFILL) if args.dry_run else (DECODE, PREFILL)
     result = {
-        "command": shlex.join(["python", "benchmarks/gpu_attention.py", *(argv or sys.argv[1:])]),
+        "command": shlex.join(
+            ["python", "-m", "benchmarks.gpu_attention", *(argv or sys.argv[1:])]
+        ),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU (dry run)",
         "peak_bytes_per_s": peak,

@@ -1,6 +1,6 @@
 """Greedy decoding through the bfloat16 screen of the output head, against the fp32 head.
 
-    .venv/bin/python benchmarks/greedy_head.py [--batches 1,2,3,4] [--steps 120]
+    .venv/bin/python -m benchmarks.greedy_head [--batches 1,2,3,4] [--steps 120]
 
 1. The head alone, SmolLM2's (49152 x 576), cold (a 400 MB read in between evicts it, as a
    decode step's other weights do): the model's own head (PackedLinear: the few-row kernel
@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from minserve.bench.ab_steps import ab_decode_steps
-from minserve.bench.run_env import RunRecord
+from benchmarks.ab_steps import ab_decode_steps
+from benchmarks.run_env import RunRecord, command_line
 from minserve.llm import LLM
 from minserve.model.greedy_head import GreedyScreen
 
@@ -102,7 +100,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    command = shlex.join([".venv/bin/python", "benchmarks/greedy_head.py", *sys.argv[1:]])
+    command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     base = LLM()
     if base.engine.worker.model.greedy_screen is None:

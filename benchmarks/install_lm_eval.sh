@@ -21,4 +21,4 @@ fi
 # torch==2.13.0 resolves to the CPU build where pip's find-links has it (here: /opt/wheels).
 "$VENV/bin/pip" install "torch==2.13.0" "lm_eval[api,hf]==0.4.13"
 "$VENV/bin/python" -c 'import lm_eval, torch; print("lm_eval", lm_eval.__version__, "torch", torch.__version__)'
-"$ROOT/.venv/bin/python" -c 'from minserve.bench.offline_suite import hf_model_folder; print(hf_model_folder())'
+"$ROOT/.venv/bin/python" -c 'from minserve.bench.checkpoint import hf_model_folder; print(hf_model_folder())'

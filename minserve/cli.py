@@ -1,21 +1,12 @@
-"""The `minserve` command: `generate`, `check` for the course, `bench`; `serve` to come."""
+"""The `minserve` command: `generate`, `serve`, `router`, `bench`, and `check` for the course."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
-from minserve.bench import (
-    chunked_itl_report,
-    disagg,
-    prefix_report,
-    router,
-    sched_overhead,
-    serve,
-    speculative_report,
-)
+from minserve.bench.cli import add_bench_parser
 from minserve.course import check
 from minserve.router.cli import add_router_parser
 from minserve.server.cli import add_serve_parser
@@ -28,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_check_parser(commands)
     add_serve_parser(commands)
     add_router_parser(commands)
-    _add_bench_parser(commands)
+    add_bench_parser(commands)
     args = parser.parse_args(argv)
     args.command_line = shlex.join(["minserve", *(sys.argv[1:] if argv is None else argv)])
     try:
@@ -77,70 +68,6 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.write(args.prompt)
     sys.stdout.write(output.outputs[0].text + "\n")
     return 0
-
-
-def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
-    bench = commands.add_parser("bench", help="benchmarks (results go to benchmarks/)")
-    kinds = bench.add_subparsers(dest="bench", required=True)
-    p = kinds.add_parser(
-        "offline", help="offline throughput vs the reference path, HF generate and vLLM CPU"
-    )
-    p.add_argument("--num-requests", type=int, default=64)
-    p.add_argument("--min-len", type=int, default=32, help="shortest prompt and output")
-    p.add_argument("--max-len", type=int, default=256, help="longest prompt and output")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32,bfloat16", help="comma-separated dtypes")
-    p.add_argument("--peers", default="minserve,reference,hf16,hf64,vllm")
-    p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
-    p.add_argument("--output", type=Path, default=Path("benchmarks/offline_throughput"))
-    p.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
-    p.add_argument(
-        "--max-load", type=float, default=None,
-        help="before each peer, wait for a 1-min load average below this and idle cores",
-    )  # fmt: skip
-    p.add_argument("--max-wait", type=float, default=600.0, help="seconds, per peer")
-    p.set_defaults(run=_bench_offline)
-    chunked_itl_report.add_parser(kinds)
-    sched_overhead.add_parser(kinds)
-    serve.add_parser(kinds)
-    prefix_report.add_parser(kinds)
-    router.add_parser(kinds)
-    disagg.add_parser(kinds)
-    speculative_report.add_parser(kinds)
-
-
-def _bench_offline(args: argparse.Namespace) -> int:
-    from minserve.bench.offline_report import markdown, write_report
-    from minserve.bench.offline_suite import DTYPES, PEERS, SuiteSettings, run_suite
-
-    peers = _choices(args.peers, PEERS, "peer")
-    dtypes = _choices(args.dtype, DTYPES, "dtype")
-    settings = SuiteSettings(
-        num_requests=args.num_requests,
-        min_len=args.min_len,
-        max_len=args.max_len,
-        seed=args.seed,
-        peers=peers,
-        dtypes=dtypes,
-        model=args.model,
-        vllm_python=args.vllm_python,
-        max_load=args.max_load,
-        max_wait_s=args.max_wait,
-    )
-    report = run_suite(settings, args.command_line, lambda r: write_report(r, args.output))
-    written = write_report(report, args.output)
-    print(markdown(report))
-    print("wrote " + ", ".join(map(str, written)))
-    return 0
-
-
-def _choices(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
-    """Split a comma-separated option and check each item against `allowed`."""
-    items = tuple(item.strip() for item in text.split(",") if item.strip())
-    unknown = [item for item in items if item not in allowed]
-    if unknown or not items:
-        raise ValueError(f"unknown {what} {', '.join(unknown)!r}; choose from {', '.join(allowed)}")
-    return items
 
 
 if __name__ == "__main__":

@@ -93,6 +93,7 @@ class ScheduledChunk:
     block_table: tuple[int, ...]  # the sequence's blocks: slots for these tokens (and drafts)
     samples: tuple[SamplingRow, ...] = ()
     num_draft_slots: int = 0  # speculative decoding: slots reserved for drafts after it
+    num_prompt_tokens: int = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -100,7 +101,8 @@ class ScheduledChunk:
 
     @property
     def is_decode(self) -> bool:
-        return self.num_new_tokens == 1 and self.start > 0
+        """One token after the prompt (not the last piece of a prompt or a recompute)."""
+        return self.num_new_tokens == 1 and self.start >= self.num_prompt_tokens
 
     def history(self) -> list[int]:
         """Every token of the sequence so far (a sampling chunk only): prompt, then output."""
@@ -118,7 +120,7 @@ class SchedulerOutput:
 
     chunks: tuple[ScheduledChunk, ...] = ()
     block_ops: tuple[BlockOp, ...] = ()
-    preempted_seq_ids: tuple[int, ...] = ()
+    preempted_request_ids: tuple[str, ...] = ()  # what made room for this batch
 
     @property
     def num_batched_tokens(self) -> int:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import argparse
 from dataclasses import asdict
 
 import numpy as np
 import pytest
-import torch
 
 from minserve import LLM
 from minserve.bench.chunked_itl import ItlConfig, ItlWorkload, itl_summary, summarize
-from minserve.bench.step_trace import trace_engine
+from minserve.bench.chunked_itl_command import add_arguments, measure
 from minserve.cli import main
+from minserve.viz.step_trace import trace_engine
 
 WORKLOAD = ItlWorkload(
     num_streams=3,
@@ -44,37 +44,21 @@ def traces(model):
     }
 
 
+ARGS = ["--num-streams", "3", "--stream-output-len", "20", "--num-long", "2",
+        "--long-prompt-len", "96", "--arrival-every", "8", "--budgets", "16,32",
+        "--unchunked-budget", "128", "--clock", "cpu"]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def report(tiny_model, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("chunked_itl") / "itl"
-    args = ["bench", "chunked-itl", "--model", str(tiny_model("llama")), "--output", str(out)]
-    args += ["--num-streams", "3", "--stream-output-len", "20", "--num-long", "2"]
-    args += ["--long-prompt-len", "96", "--arrival-every", "8", "--budgets", "16,32"]
-    args += ["--chosen-budget", "32", "--unchunked-budget", "128", "--clock", "cpu"]
-    assert main(args) == 0
-    assert out.with_suffix(".md").read_text().startswith("# Chunked prefill")
-    assert out.with_suffix(".png").stat().st_size > 0
-    return json.loads(out.with_suffix(".json").read_text())
+def measured(tiny_model) -> dict:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return measure(parser.parse_args(["--model", str(tiny_model("llama")), *ARGS]))
 
 
-def test_report_has_every_configuration_and_field(report) -> None:
-    assert [r["name"] for r in report["results"]] == ["unchunked-128", "chunked-16", "chunked-32"]
-    for r in report["results"]:
-        assert set(r["itl_ms"]) == {"p50", "p90", "p99", "max", "mean"}
-        assert r["itl_ms"]["p50"] <= r["itl_ms"]["p90"] <= r["itl_ms"]["p99"] <= r["itl_ms"]["max"]
-        assert r["output_tokens"] == 3 * 20 + 2 * 16  # the CLI keeps the default output lengths
-        assert r["total_tokens"] == r["output_tokens"] + 3 * 64 + 2 * 96
-        assert r["num_itl_samples"] == 3 * 19
-    assert set(report["comparison"]) == {"chunked-16", "chunked-32"}
-    assert set(report["verdict"]) == {"p99_itl_reduction_met", "throughput_met"}
-    assert report["machine"]["torch_threads"] == torch.get_num_threads()
-    assert report["settings"]["clock"] == "cpu"
-    assert len(report["machine"]["load_average_end"]) == 3
-
-
-def test_report_ratios_follow_from_its_results(report) -> None:
-    base, chunked = report["results"][0], report["results"][2]
-    c = report["comparison"]["chunked-32"]
+def test_report_ratios_follow_from_its_results(measured) -> None:
+    base, chunked = measured["results"][0], measured["results"][2]
+    c = measured["comparison"]["chunked-32"]
     # the JSON rounds ratios to 3 decimals and tokens/s to 2
     assert c["p99_itl_reduction"] == pytest.approx(
         base["itl_ms"]["p99"] / chunked["itl_ms"]["p99"], abs=1e-3
@@ -84,22 +68,22 @@ def test_report_ratios_follow_from_its_results(report) -> None:
     )
 
 
-def test_example_stream_itls_are_the_gaps_between_its_token_times(report) -> None:
-    for r in report["results"]:
+def test_example_stream_itls_are_the_gaps_between_its_token_times(measured) -> None:
+    for r in measured["results"]:
         times, itl = r["example_stream"]["token_times_s"], r["example_stream"]["itl_ms"]
         assert len(times) == 20
         assert np.allclose(np.diff(times) * 1000, itl)
         assert max(itl) <= r["itl_ms"]["max"] + 1e-9
 
 
-def test_greedy_tokens_are_the_same_with_and_without_chunking(report) -> None:
-    assert report["same_greedy_tokens_as_unchunked"] == {
+def test_greedy_tokens_are_the_same_with_and_without_chunking(measured) -> None:
+    assert measured["same_greedy_tokens_as_unchunked"] == {
         "unchunked-128": True, "chunked-16": True, "chunked-32": True
     }  # fmt: skip
 
 
-def test_chunked_run_splits_long_prompts_into_steps_shared_with_decodes(report, traces) -> None:
-    chunked, unchunked = report["results"][2], report["results"][0]
+def test_chunked_run_splits_long_prompts_into_steps_shared_with_decodes(measured, traces) -> None:
+    chunked, unchunked = measured["results"][2], measured["results"][0]
     assert chunked["max_step_tokens"] <= 32 < unchunked["max_step_tokens"]
     assert chunked["mixed_steps"] >= 2 * 96 // 32
     trace = traces[CHUNKED]
@@ -156,3 +140,15 @@ def test_workload_rejects_long_prompts_arriving_after_the_streams_end() -> None:
 def test_cli_rejects_an_unchunked_budget_too_small_for_the_long_prompt(capsys) -> None:
     assert main(["bench", "chunked-itl", "--unchunked-budget", "2048"]) == 2
     assert "use at least 2063" in capsys.readouterr().err
+
+
+def test_bench_chunked_itl_prints_a_row_per_configuration(tiny_model, capsys) -> None:
+    argv = ["bench", "chunked-itl", "--model", str(tiny_model("llama")), "--num-streams", "2",
+            "--stream-output-len", "12", "--num-long", "1", "--long-prompt-len", "24",
+            "--arrival-every", "2", "--budgets", "8", "--unchunked-budget", "128"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| configuration | token budget | ITL p50 ms |")
+    assert [row.split(" | ")[:2] for row in rows[1:]] == [
+        ["| no chunking", "128"], ["| chunked prefill", "8"]
+    ]  # fmt: skip

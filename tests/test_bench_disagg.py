@@ -6,10 +6,10 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks.disagg import markdown, plot
 from minserve.bench.disagg_goodput import GoodputSpec, measure_setup, running, server_commands
 from minserve.bench.disagg_goodput import wait_ready as wait_until_ready
 from minserve.bench.disagg_plan import LLAMA_8B_H100, PlanSetting, gpu_roofline_costs, plan
-from minserve.bench.disagg_report import markdown, plot
 from minserve.bench.disagg_workload import MixSpec, mixed_workload, to_sessions
 from minserve.bench.serve_load import LoadSpec, arrival_times
 from minserve.cli import main
@@ -209,3 +209,10 @@ def test_fit_drops_a_negative_term_and_refits_the_others():
     y = np.array([s for _, _, s in shapes])
     (base, per_token), *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
     assert (fitted.base_s, fitted.per_prefill_token_s) == pytest.approx((base, per_token))
+
+
+def test_bench_disagg_prints_the_tables_of_the_parts_it_ran(capsys):
+    assert main(["bench", "disagg", "--parts", "plan", "--plan-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## 4. Simulated capacity plans") and "## 1. KV transfer" not in out
+    assert "| 2 | 1 | 1P1D TP1 |" in out  # 2 GPUs at TP 1: one prefill, one decode instance

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
-import torch
 
 from minserve import LLM, SamplingParams
-from minserve.bench.sched_overhead import is_all_decoding, measure
+from minserve.bench.sched_overhead import is_all_decoding, measure, timed_step
 from minserve.cli import main
 from minserve.step_timings import PhaseClock, StepTimings
 
@@ -42,10 +40,8 @@ def test_engine_step_times_every_phase_and_sums_them_in_metrics(model) -> None:
         engine.add_request(f"r{i}", None, [10 + i, 11, 12, 13], params)
     summed, walls = StepTimings(), 0.0
     while engine.has_unfinished_requests():
-        start = time.perf_counter()
-        engine.step()
-        wall = time.perf_counter() - start
-        step = engine.last_timings
+        wall, record = timed_step(engine)
+        step = record.timings
         assert all(getattr(step, p) > 0 for p in PHASES)
         assert step.total <= wall  # the laps cover the step, never more
         summed.add(step)
@@ -73,11 +69,11 @@ def test_is_all_decoding_is_false_for_a_prefill_step(model) -> None:
     engine = LLM(model.loaded, num_blocks=64).engine
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     engine.add_request("a", None, [5, 6, 7], params)
-    engine.step()  # the prefill
-    assert not is_all_decoding(engine.last_batch, 1)
-    engine.step()
-    assert is_all_decoding(engine.last_batch, 1)
-    assert not is_all_decoding(engine.last_batch, 2)
+    _, prefill = timed_step(engine)
+    assert not is_all_decoding(prefill.scheduler_output, 1)
+    _, decode = timed_step(engine)
+    assert is_all_decoding(decode.scheduler_output, 1)
+    assert not is_all_decoding(decode.scheduler_output, 2)
 
 
 def test_measure_says_when_requests_cannot_all_decode(model) -> None:
@@ -86,18 +82,12 @@ def test_measure_says_when_requests_cannot_all_decode(model) -> None:
         measure(engine, num_requests=3, prompt_len=4, steps=1)
 
 
-def test_command_writes_json_and_markdown(tiny_model, tmp_path) -> None:
-    out = tmp_path / "overhead"
+def test_command_prints_a_row_per_batch_size(tiny_model, capsys) -> None:
     args = ["bench", "scheduler-overhead", "--model", str(tiny_model("llama"))]
-    assert main([*args, "--batch-sizes", "2,4", "--steps", "2", "--output", str(out)]) == 0
-    report = json.loads(out.with_suffix(".json").read_text())
-    assert [r["num_requests"] for r in report["results"]] == [2, 4]
-    for r in report["results"]:
-        assert r["num_steps"] == 2
-        assert set(r["phase_ms"]) == {*PHASES, "propose"}
-    assert report["machine"]["torch_threads"] == torch.get_num_threads()
-    assert report["target"] == {"num_requests": 64, "overhead_fraction_below": 0.05}
-    assert "| 4 |" in out.with_suffix(".md").read_text()
+    assert main([*args, "--batch-sizes", "2,4", "--steps", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| running requests | step ms | schedule |")
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| 2", "| 4"]
 
 
 def test_command_rejects_bad_batch_sizes(capsys) -> None:

@@ -18,10 +18,10 @@ from minserve.attention.backends import get_attention_backend
 from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_torch import TorchPagedAttention
-from minserve.bench.kernel_timing import SMOLLM2_SHAPES
 from minserve.execution import resolve_execution
 from minserve.kernels import build, cpu_ops
 from minserve.model.llama import RMSNorm, RotaryEmbedding, Rotation
+from minserve.viz.kernel_timing import SMOLLM2_SHAPES
 
 GEN = torch.Generator().manual_seed(0)
 CONFIG = SMOLLM2_SHAPES

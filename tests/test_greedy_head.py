@@ -111,7 +111,7 @@ def test_the_engine_gives_the_same_tokens_with_and_without_the_screen(tiny_model
 
 def test_the_models_c_kernel_switch_turns_the_screen_off(tiny_model) -> None:
     llm = LLM(tiny_model("llama"))
-    model = llm.engine.runner.model
+    model = llm.engine.worker.model
     calls = []
     tokens = model.greedy_screen.tokens
     model.greedy_screen.tokens = lambda hidden: calls.append(len(hidden)) or tokens(hidden)

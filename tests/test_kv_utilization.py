@@ -8,7 +8,9 @@ import random
 import pytest
 
 from minserve import LLM
-from minserve.bench.kv_utilization import (
+from minserve.kvcache import BlockAllocator, BlockTable
+from minserve.sampling_params import SamplingParams
+from minserve.viz.kv_utilization import (
     ContiguousMaxLen,
     ContiguousMaxTokens,
     Paged,
@@ -19,8 +21,6 @@ from minserve.bench.kv_utilization import (
     request_lengths,
     tokens_stored,
 )
-from minserve.kvcache import BlockAllocator, BlockTable
-from minserve.sampling_params import SamplingParams
 
 # Request A: prompt 3, output 2 -> KV holds 3, then 4 tokens.
 # Request B: prompt 5, output 3 -> KV holds 5, 6, then 7 tokens.  Stored: 7 + 18 = 25 over 5 steps.

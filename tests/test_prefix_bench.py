@@ -1,4 +1,4 @@
-"""`minserve bench prefix`'s workloads and runs, on a tiny model: the accounting is right.
+"""`minserve bench prefix`'s workloads, runs and table, on a tiny model: the accounting is right.
 
 Only counts are asserted (hit rates against the workloads' ideal); speed is the
 benchmark program's business, not a test's.
@@ -15,6 +15,7 @@ from minserve.bench.prefix import (
     run_multi_turn,
     run_shared_prefix,
 )
+from minserve.cli import main
 
 SHARED = SharedPrefixWorkload(
     num_prefixes=2, prefix_len=16, questions_per_prefix=3, question_len=4, output_len=2
@@ -52,3 +53,17 @@ def test_multi_turn_reuses_earlier_turns_up_to_whole_blocks(make_engine):
     # turn 2 sees 8 tokens of history (7 computed): 4 cached; turn 3 sees 16 (15): 12
     assert run.cached_tokens == 2 * (4 + 12)
     assert run.ideal_cached_tokens == 2 * (8 + 16)
+
+
+def test_bench_prefix_prints_every_run_and_the_summary(tiny_model, capsys):
+    argv = ["bench", "prefix", "--model", str(tiny_model("llama")), "--num-prefixes", "2",
+            "--prefix-len", "16", "--questions", "2", "--question-len", "4", "--output-len", "2",
+            "--conversations", "2", "--turns", "2", "--user-len", "4", "--answer-len", "2",
+            "--block-size", "4", "--num-blocks", "128"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    names = [row.split(" | ")[0][2:] for row in rows]
+    assert names[:8] == ["run", "shared, cache off", "shared, cache on", "chat, cache off",
+                         "chat, cache on", "shared, small pool, fcfs", "shared, small pool, lpm",
+                         "shared, small pool, fcfs, host tier"]  # fmt: skip
+    assert "measure" in names and "hit rate / ideal (shared prefix)" in names

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from minserve import LLM, SamplingParams
-from minserve.bench.step_trace import (
+from minserve.viz.step_trace import (
     Arrival,
     ScheduledWork,
     StepRecord,

@@ -1,18 +1,24 @@
-"""Measuring minserve: decode rates, the memory-bandwidth floor, and peers run side by side.
+"""`minserve bench ...`: what a user runs to measure minserve, like `vllm bench`.
 
-Benchmarks are programs in `benchmarks/`; the functions they share with the chapters live
-here, so a number in a notebook and a number in a report come from the same code.
+Each subcommand measures and prints its table (`cli.py` lists them); what it needs to
+measure lives here:
 
-- `naive`: generation loops, decode rates and the bandwidth floor (chapter 00).
-- `offline`: offline throughput, nano-vllm's protocol: the workload and the in-process
-  runners (minserve's paged engine and reference path, Hugging Face static batching);
-  `vllm_peer` runs the same workload under vLLM's own venv; `offline_suite` runs each peer
-  in its own process (`minserve bench offline`); `offline_report` writes JSON, markdown
-  and a plot.
-- `step_trace`: drive `LLMEngine.step()` and record each step's batch and wall time, and
-  each request's token times and inter-token latencies (chapters 03 and 04).
-- `chunked_itl` (+ `chunked_itl_report`): running decodes' ITL while long prompts arrive,
-  chunked prefill vs not (`minserve bench chunked-itl`); `sched_overhead`: the share of a
-  decode step outside the model (`minserve bench scheduler-overhead`); `run_env`: threads,
-  load guard and the run record they share.
+- `offline`: offline throughput, nano-vllm's protocol (the workload, minserve's run).
+- `serve` (+ `serve_client`, `serve_load`, `serve_metrics`, `serve_workloads`): load-test
+  any OpenAI-compatible server with vLLM's `bench serve` definitions (TTFT, TPOT, ITL,
+  goodput, Poisson or gamma arrivals).
+- `chunked_itl` (+ `chunked_itl_command`): running decodes' ITL while long prompts arrive,
+  chunked prefill against not; `sched_overhead`: the share of a decode step outside the
+  model.
+- `prefix` (+ `prefix_command`): the radix cache on against off, cache-aware against FCFS;
+  `router`: cache-aware routing against round robin over replicas.
+- `speculative` (+ `spec_runs`, `spec_workloads`, `speculative_command`): speculative
+  decoding against plain, next to the formulas.
+- `disagg` (+ `disagg_goodput`, `disagg_plan`, `disagg_tables`, `disagg_transfer`,
+  `disagg_workload`): KV transfer cost, the simulator against a measured pair, colocated
+  against 1P1D, capacity plans.
+- `checkpoint`, `options`: the model each engine runs; options the commands share.
+
+The repository's records (peers run side by side, targets, JSON, markdown and plots) are
+programs in `benchmarks/` built on these; the chapters' measurements are in `minserve.viz`.
 """

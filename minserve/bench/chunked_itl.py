@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from minserve.bench.step_trace import Arrival, StepTrace, fastest_runs, trace_engine
 from minserve.sampling_params import SamplingParams
+from minserve.viz.step_trace import Arrival, StepTrace, fastest_runs, trace_engine
 
 PERCENTILES = (50, 90, 99)
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # how steps are timed

@@ -1,8 +1,8 @@
 """`minserve bench disagg`: prefill/decode disaggregation, measured here and simulated beyond.
 
-    minserve bench disagg --max-load 1.0          # about 8-10 min on 2 quiet cores
+    minserve bench disagg [--parts transfer,validate,plan,goodput]   # about 8-10 min
 
-Four parts (issue 7, sections 3-4), run in this order, one report: benchmarks/disagg.*
+Four parts, run in this order, each printed as a table (`disagg_tables.py`):
 - transfer: KV bytes and hand-off time per request against its prefill time, prompt lengths
   64..2048, through a real `PrefillDecodePair` (`disagg_transfer.py`);
 - validate: the same pair calibrates the simulator (`calibrate.py`), then replays the mixed
@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from minserve.bench.disagg_goodput import SETUPS, GoodputSpec, measure_setup
 from minserve.bench.disagg_plan import cpu_setting, gpu_setting, plan
+from minserve.bench.disagg_tables import section_lines
 from minserve.bench.disagg_workload import CPU_MIX, mixed_workload
-from minserve.bench.run_env import RunRecord, write_results
+from minserve.bench.options import numbers, set_threads
 from minserve.disagg.costs import StepCosts
 from minserve.disagg.simulator import ClusterShape, SimConfig, simulate
 from minserve.disagg.validate import METRICS, relative_errors
@@ -40,9 +40,7 @@ CALIBRATION = {
 }
 
 
-def add_parser(kinds: argparse._SubParsersAction) -> None:
-    """The `disagg` subcommand of `minserve bench`."""
-    p = kinds.add_parser("disagg", help="KV transfer cost, 1P1D vs colocated, simulator plans")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
     p.add_argument("--prompt-lens", default="64,128,256,512,1024,2048", help="transfer part")
@@ -52,44 +50,36 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--plan-sizes", default="8,32,128", help="cluster sizes (GPUs) to plan")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-load", type=float, default=None, help="wait for a load below this")
-    p.add_argument("--max-wait", type=float, default=600.0, help="seconds to wait for it")
-    p.add_argument("--output", type=Path, default=Path("benchmarks/disagg"))
-    p.set_defaults(run=_run_cli)
 
 
-def _numbers(text: str, kind: type) -> tuple:
-    try:
-        return tuple(kind(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from e
+def add_parser(kinds: argparse._SubParsersAction) -> None:
+    """The `disagg` subcommand of `minserve bench`."""
+    p = kinds.add_parser("disagg", help="KV transfer cost, 1P1D vs colocated, simulator plans")
+    add_arguments(p)
+    p.set_defaults(run=run_command)
 
 
-def _run_cli(args: argparse.Namespace) -> int:
-    from minserve.bench.disagg_report import markdown, plot
+def run_command(args: argparse.Namespace) -> int:
+    set_threads(1)  # one torch thread here; every server and instance has its own
+    print("\n".join(section_lines(measure(args))).strip())
+    return 0
 
+
+def measure(args: argparse.Namespace) -> dict:
+    """Check the options, then run the chosen parts in order, under one progress bar."""
     parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     if not parts or set(parts) - set(PARTS):
         raise ValueError(f"--parts: choose from {', '.join(PARTS)}, got {args.parts!r}")
     spec = GoodputSpec(
         tuple(s.strip() for s in args.setups.split(",") if s.strip()),
-        _numbers(args.rates, float),
+        numbers(args.rates, float),
         args.num_requests,
         CPU_MIX,
         args.model,
         seed=args.seed,
     )
-    report = run_suite(args, parts, spec)
-    has_plot = "transfer" in report or "plans" in report
-    write_results(report, args.output, markdown(report), plot if has_plot else None)
-    return 0
-
-
-def run_suite(args: argparse.Namespace, parts: tuple[str, ...], spec: GoodputSpec) -> dict:
-    """Run the chosen parts in order, under one run record and one progress bar."""
-    record = RunRecord.start(args.command_line, 1, args.max_load, args.max_wait)
-    prompt_lens = _numbers(args.prompt_lens, int)
-    sizes = _numbers(args.plan_sizes, int)
+    prompt_lens = numbers(args.prompt_lens, int)
+    sizes = numbers(args.plan_sizes, int)
     total = (
         len(prompt_lens) * ("transfer" in parts)
         + ("validate" in parts)
@@ -108,8 +98,6 @@ def run_suite(args: argparse.Namespace, parts: tuple[str, ...], spec: GoodputSpe
                 report["plans"].append(plan(cpu_setting(costs, bandwidth, sizes), bar))
         if "goodput" in parts:
             report["goodput"] = _goodput_part(spec, report, bar)
-    record.finish()
-    report["run"] = asdict(record)
     return report
 
 

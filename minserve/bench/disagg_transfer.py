@@ -7,7 +7,7 @@ numbers belong to that request alone:
   layers x 2 x KV heads x head_dim x dtype bytes x prompt tokens;
 - transfer time: the prefill side's time inside `dist.send` for those blocks (the decode
   side is receiving at the same moment), and the rule's estimate from the measured link;
-- prefill time: the prefill engine's step that ran the whole prompt (`last_timings`).
+- prefill time: the prefill engine's step that ran the whole prompt (its step record).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from minserve.disagg.pd_pair import PrefillDecodePair
+from minserve.engine import observe_steps
 from minserve.sampling_params import SamplingParams
 
 
@@ -41,7 +42,7 @@ class TransferRow:
 def kv_bytes_for_tokens(pair: PrefillDecodePair, num_tokens: int) -> int:
     """layers x 2 (K and V) x KV heads x head_dim x dtype bytes x tokens."""
     config = pair.llm.loaded.config
-    itemsize = pair.llm.engine.kv.pool.kv.element_size()
+    itemsize = pair.llm.engine.worker.pool.kv.element_size()
     return config.num_layers * 2 * config.num_kv_heads * config.head_dim * itemsize * num_tokens
 
 
@@ -52,16 +53,18 @@ def measure_one(pair: PrefillDecodePair, prompt_len: int, seed: int) -> tuple[fl
     prompt = [(97 * i + 31 * seed) % (vocab - 100) + 100 for i in range(prompt_len)]
     before = pair.transfer.stats.seconds, pair.transfer.stats.num_transfers
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    (output,) = pair.generate([prompt], params)
+    with observe_steps(engine) as records:
+        (output,) = pair.generate([prompt], params)
     if pair.transfer.stats.num_transfers != before[1] + 1:
         raise RuntimeError(f"expected one KV transfer for {output.request_id}, saw none")
-    if engine.last_batch.num_batched_tokens != prompt_len:
+    last = records[-1]  # the prefill engine's last step
+    if last.scheduler_output.num_batched_tokens != prompt_len:
         raise RuntimeError(
-            f"the last prefill step ran {engine.last_batch.num_batched_tokens} tokens, not the "
-            f"{prompt_len}-token prompt: raise max_num_batched_tokens to prefill it in one step"
+            f"the last prefill step ran {last.scheduler_output.num_batched_tokens} tokens, not "
+            f"the {prompt_len}-token prompt: raise max_num_batched_tokens to prefill it in one step"
         )
     decision = asdict(pair.decisions[output.request_id])
-    return pair.transfer.stats.seconds - before[0], engine.last_timings.total, decision
+    return pair.transfer.stats.seconds - before[0], last.timings.total, decision
 
 
 def measure_transfers(
@@ -120,7 +123,7 @@ def transfer_report(
         "link_fitted": None
         if fitted is None
         else {"latency_s": fitted[0], "bandwidth_bytes_s": fitted[1]},
-        "block_size": pair.llm.engine.kv.pool.block_size,
+        "block_size": pair.llm.engine.worker.pool.block_size,
         "repeats": repeats,
         "rows": [{**asdict(r), "transfer_over_prefill": r.transfer_over_prefill} for r in rows],
     }

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
 
-from minserve.bench.step_trace import Arrival, StepTrace, trace_engine
 from minserve.engine import LLMEngine
 from minserve.sampling_params import SamplingParams
+from minserve.viz.step_trace import Arrival, StepTrace, trace_engine
 
 EngineFactory = Callable[..., LLMEngine]  # options (enable_prefix_caching, ...) -> engine
 

@@ -1,6 +1,6 @@
 """`minserve bench router`: round_robin against cache_aware routing over the same replicas.
 
-    minserve bench router --threads 2      # writes benchmarks/router.{json,md,png}
+    minserve bench router --threads 2      # prints a row per workload and policy
 
 For each workload (multi-turn chat, shared prefix) and each policy, fresh replicas (one `LLM`
 each, prefix caching on, sharing the loaded weights) are served in this process with a
@@ -17,10 +17,9 @@ import asyncio
 import random
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minserve.bench.run_env import RunRecord, write_results
+from minserve.bench.options import choices, set_threads
 from minserve.bench.serve import first_model
 from minserve.bench.serve_client import Endpoint
 from minserve.bench.serve_load import LoadSpec, run_load
@@ -33,9 +32,7 @@ if TYPE_CHECKING:
     from minserve.server.background import BackgroundServer
 
 
-def add_parser(kinds: argparse._SubParsersAction) -> None:
-    """The `router` subcommand of `minserve bench`."""
-    p = kinds.add_parser("router", help="prefix hit rate and goodput: round_robin vs cache_aware")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--policies", default=",".join(POLICIES))
@@ -54,26 +51,33 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per replica")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--max-load", type=float, default=None, help="wait for a load below this")
-    p.add_argument("--max-wait", type=float, default=600.0, help="seconds to wait for it")
-    p.add_argument("--output", type=Path, default=Path("benchmarks/router"),
-                   help="writes OUTPUT.json, OUTPUT.md and OUTPUT.png")  # fmt: skip
-    p.set_defaults(run=_run_cli)
 
 
-def _run_cli(args: argparse.Namespace) -> int:
-    from minserve.cli import _choices  # comma-separated options, checked (lazy: no cycle)
+def add_parser(kinds: argparse._SubParsersAction) -> None:
+    """The `router` subcommand of `minserve bench`."""
+    p = kinds.add_parser("router", help="prefix hit rate and goodput: round_robin vs cache_aware")
+    add_arguments(p)
+    p.set_defaults(run=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    print(table(measure(args)["runs"]))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every workload through every policy, on fresh replicas; settings, runs and summary."""
     from minserve.llm import LLM
 
     if args.replicas < 2:
         raise ValueError(f"--replicas must be at least 2 to compare routing, got {args.replicas}")
-    policies = _choices(args.policies, POLICIES, "policy")
-    workloads = _choices(args.workloads, WORKLOADS, "workload")
+    policies = choices(args.policies, POLICIES, "policy")
+    workloads = choices(args.workloads, WORKLOADS, "workload")
     slos = parse_goodput(args.goodput)
     base = WorkloadSpec(workloads[0], args.num_prompts, args.input_len, args.output_len,
                         args.prefix_len, args.num_turns, seed=args.seed)  # fmt: skip
     load = LoadSpec(args.request_rate, max_concurrency=args.max_concurrency, seed=args.seed)
-    record = RunRecord.start(args.command_line, args.threads, args.max_load, args.max_wait)
     warm = LLM(args.model, num_blocks=32)  # weights once, for every replica
     warm.generate([list(range(100, 300))], use_tqdm=False)  # warm-up: a prefill and decodes
     runs = []
@@ -86,16 +90,12 @@ def _run_cli(args: argparse.Namespace) -> int:
                                             args.replicas, args.num_blocks,
                                             args.balance_threshold))  # fmt: skip
             runs.append({"workload": workload, **routed})
-    record.finish()
     settings = {**asdict(base), "replicas": args.replicas, "request_rate": str(load.request_rate),
                 "max_concurrency": load.max_concurrency, "goodput_slos_s": slos,
                 "balance_threshold": args.balance_threshold,
                 "num_prefixes": args.num_prefixes}  # fmt: skip
     settings.pop("name")
-    report = {"command": record.command, "date": record.date, "machine": record.machine,
-              "settings": settings, "runs": runs, "summary": summary(runs)}  # fmt: skip
-    write_results(report, args.output, markdown(report), write_plot)
-    return 0
+    return {"settings": settings, "runs": runs, "summary": summary(runs)}
 
 
 def sessions_for(spec: WorkloadSpec, num_prefixes: int) -> list[Session]:
@@ -189,31 +189,15 @@ def summary(runs: list[dict]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def markdown(report: dict) -> str:
-    """The settings, then one row per workload and policy: where requests went, hit rate,
+def table(runs: list[dict]) -> str:
+    """A markdown table, a row per workload and policy: where requests went, hit rate,
     goodput, latency."""
-    s = report["settings"]
-    record = RunRecord(report["command"], report["date"], report["machine"])
-    slos = ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in s["goodput_slos_s"].items())
     rows = [
-        "# Cache-aware routing vs round robin",
-        "",
-        f"- command: `{report['command']}`",
-        f"- date: {report['date']}",
-        record.load_line(),
-        f"- {s['replicas']} replicas (prefix caching on) and the router in one process; "
-        f"{s['num_sessions']} sessions per workload at {s['request_rate']} sessions/s "
-        f"(Poisson, seed {s['seed']}); multi-turn: {s['num_turns']} turns of {s['input_len']} "
-        f"words; shared-prefix: {s['num_prefixes']} prefixes of {s['prefix_len']} tokens, "
-        f"each shared by 1/{s['num_prefixes']} of the sessions, + {s['input_len']} own tokens; "
-        f"{s['output_len']} output tokens; goodput at {slos or 'no SLO'}",
-        "- hit rate = prompt tokens served from the replicas' prefix caches / prompt tokens",
-        "",
         "| workload | policy | requests per replica | prefix hit rate | goodput (req/s) | "
         "req/s | TTFT p50 / p99 (ms) | E2E p50 (ms) |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for run in report["runs"]:
+    for run in runs:
         m = run["summary"]
         good = "-" if m["request_goodput"] is None else f"{m['request_goodput']:.2f}"
         rows.append(
@@ -221,36 +205,4 @@ def markdown(report: dict) -> str:
             f"{run['prefix_hit_rate']:.1%} | {good} | {m['request_throughput']:.2f} | "
             f"{m['ttft_ms']['p50']:.0f} / {m['ttft_ms']['p99']:.0f} | {m['e2el_ms']['p50']:.0f} |"
         )
-    return "\n".join(rows) + "\n"
-
-
-def write_plot(report: dict, path: Path) -> Path:
-    """Hit rate, and goodput inside throughput (pale), policies side by side per workload."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workloads = list(dict.fromkeys(run["workload"] for run in report["runs"]))
-    policies = list(dict.fromkeys(run["policy"] for run in report["runs"]))
-    by = {(run["workload"], run["policy"]): run for run in report["runs"]}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    width = 0.8 / len(policies)
-    for i, policy in enumerate(policies):
-        xs = [w + i * width for w in range(len(workloads))]
-        runs = [by[(workload, policy)] for workload in workloads]
-        bars = axes[0].bar(xs, [100 * r["prefix_hit_rate"] for r in runs], width, label=policy)
-        color = bars.patches[0].get_facecolor()
-        throughput = [r["summary"]["request_throughput"] for r in runs]
-        axes[1].bar(xs, throughput, width, color=color, alpha=0.3)
-        goodput = [r["summary"]["request_goodput"] or 0.0 for r in runs]
-        axes[1].bar(xs, goodput, width, color=color)
-    labels = ("prefix hit rate (%)", "goodput, in throughput (requests/s)")
-    for ax, label in zip(axes, labels, strict=True):
-        ax.set_xticks([w + 0.4 - width / 2 for w in range(len(workloads))], workloads)
-        ax.set_ylabel(label)
-    axes[0].legend(frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return "\n".join(rows)

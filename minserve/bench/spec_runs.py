@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from minserve.bench.sched_overhead import is_all_decoding
+from minserve.bench.checkpoint import hf_model_folder
+from minserve.bench.sched_overhead import is_all_decoding, timed_step
 from minserve.bench.speculative import Cell, ProposerSpec, RunTotals, make_cell
 from minserve.sampling_params import SamplingParams
 
@@ -50,7 +51,6 @@ def _layer_index(name: str) -> int:
 def load_drafts(specs: list[ProposerSpec], target: Any, workdir: Path) -> dict[ProposerSpec, Any]:
     """The draft model each draft_model spec needs: the target itself when it names no layer
     count, else a truncated copy written under `workdir` and loaded from there."""
-    from minserve.bench.offline_suite import hf_model_folder
     from minserve.model.loader import load_model
 
     drafts: dict[ProposerSpec, Any] = {}
@@ -92,11 +92,9 @@ def run_unit(
         engine.add_request(f"{tag}-{i}", None, ids, params) for i, ids in enumerate(prompts)
     ]
     while engine.has_unfinished_requests():
-        start = time.perf_counter()
-        engine.step()
-        seconds = time.perf_counter() - start
+        seconds, record = timed_step(engine)
         totals.seconds += seconds
-        if is_all_decoding(engine.last_batch, len(prompts)):
+        if is_all_decoding(record.scheduler_output, len(prompts)):
             totals.decode_seconds += seconds
             totals.decode_steps += 1
     totals.outputs += [list(r.to_output().outputs[0].token_ids) for r in requests]
@@ -117,7 +115,8 @@ def measure_group(
     engines = [plain]
     for spec in specs:
         engine = make_engine(spec.config(drafts.get(spec)))
-        engine.speculator.proposer = TimedProposer(engine.speculator.proposer)
+        speculator = engine.worker.speculator
+        speculator.proposer = TimedProposer(speculator.proposer)
         engines.append(engine)
     totals = [RunTotals() for _ in engines]
     units = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]

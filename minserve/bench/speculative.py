@@ -134,7 +134,7 @@ def make_cell(
     m = engine.get_metrics()
     proposed, drafts = m["spec_decode_num_draft_tokens"], m["spec_decode_num_drafts"]
     plain_per_token = plain.decode_seconds / max(plain.decode_steps, 1) / batch
-    propose_s = engine.speculator.proposer.seconds
+    propose_s = engine.worker.speculator.proposer.seconds
     c_bench = propose_s / proposed / plain_per_token if proposed and plain_per_token else 0.0
     c_engine = m.get(ENGINE_C_KEY)
     return Cell(

@@ -1,7 +1,7 @@
 """Chapter 01's pictures: contiguous against paged KV layouts, block tables, utilization.
 
 The layouts are drawn from real `BlockTable`s and the numbers from
-`minserve.bench.kv_utilization`, so a picture shows exactly what the engine does.
+`minserve.viz.kv_utilization`, so a picture shows exactly what the engine does.
 Figures are built with `matplotlib.figure.Figure` (no pyplot).
 """
 
@@ -15,9 +15,9 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from minserve.bench.kv_utilization import EngineRun, Utilization
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
+from minserve.viz.kv_utilization import EngineRun, Utilization
 
 FREE = to_rgba("whitesmoke")
 EMPTY_ALPHA = 0.22  # reserved but holding no token

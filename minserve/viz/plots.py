@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from matplotlib.figure import Figure
 
-from minserve.bench.naive import Generation
 from minserve.model.sampler import Sampler
 from minserve.model.tokenizer import Tokenizer
+from minserve.viz.naive import Generation
 
 KEPT, DROPPED = "tab:blue", "lightgrey"
 

@@ -1,6 +1,6 @@
 """Chapters 03 and 04's pictures: who ran in which step, and how long streams waited.
 
-Both read a `StepTrace` (`minserve.bench.step_trace`), recorded on the real engine.
+Both read a `StepTrace` (`minserve.viz.step_trace`), recorded on the real engine.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from minserve.bench.step_trace import StepTrace
+from minserve.viz.step_trace import StepTrace
 
 PREFILL, DECODE, PREEMPTED = "tab:orange", "tab:blue", "tab:red"
 Axis = Literal["step", "time"]

@@ -120,7 +120,9 @@ class Worker:
             greedy_ids = self.runner.forward_greedy(inputs).tolist()  # [num_sampling]
             clock.lap("forward")
             tokens = [[(t,)] * len(c.samples) for c, t in zip(chunks, greedy_ids)]
-            return _per_chunk(chunks, tokens, [[(None,)] * len(c.samples) for c in chunks])
+            sampled = _per_chunk(chunks, tokens, [[(None,)] * len(c.samples) for c in chunks])
+            clock.lap("sample")
+            return sampled
         logits = self.runner.forward(inputs)  # [num_sampling rows, vocab]
         clock.lap("forward")
         if proposal is not None:

@@ -1,20 +1,21 @@
-"""`minserve bench offline`: every peer in its own process, one after another, then the report.
+"""Offline throughput against peers: minserve, its reference path, HF generate and vLLM CPU.
 
-A process per peer keeps memory, thread pools and allocator state from leaking between
-engines. minserve and Hugging Face run under this interpreter (`python -m
-minserve.bench.offline`); vLLM runs under its own venv's (benchmarks/install_vllm_cpu.sh)
-and reads the same saved workload, so every engine gets identical requests.
+    python -m benchmarks.offline_throughput --max-load 1.5   # writes offline_throughput.*
+
+nano-vllm's protocol (`minserve bench offline` measures minserve alone): every peer runs
+the same saved workload in its own process, one after another, so memory, thread pools and
+allocator state do not leak between engines. minserve and Hugging Face run under this
+interpreter (`benchmarks/offline_peers.py`); vLLM under its own venv's
+(benchmarks/install_vllm_cpu.sh, `benchmarks/vllm_peer.py`). Writes JSON, markdown and a plot.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -23,19 +24,29 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from benchmarks.offline_peers import save_workload
+from benchmarks.offline_report import OfflineReport, label, markdown, write_report
+from benchmarks.run_env import (
+    REPO_ROOT,
+    command_line,
+    machine_info,
+    record_parser,
+    wait_for_quiet,
+)
+from benchmarks.vllm_peer import INSTALL_VLLM, vllm_env
+from minserve.bench import offline
+from minserve.bench.checkpoint import hf_model_folder, model_path, vocab_size
 from minserve.bench.offline import (
+    DTYPES,
     TEMPERATURE,
     OfflineRequest,
-    PeerResult,
+    OfflineResult,
     offline_workload,
     requested_tokens,
-    save_workload,
 )
-from minserve.bench.offline_report import OfflineReport
+from minserve.bench.options import choices
 
 PEERS = ("minserve", "reference", "hf16", "hf64", "vllm")
-DTYPES = ("float32", "bfloat16")
-INSTALL_VLLM = "bash benchmarks/install_vllm_cpu.sh"
 VLLM_PEER_SCRIPT = Path(__file__).with_name("vllm_peer.py")
 
 
@@ -57,93 +68,7 @@ class SuiteSettings:
     timeout_s: float = 3600.0
 
 
-# ---------------------------------------------------------------- the model, for each engine
-
-
-def model_path(model: str | None) -> Path:
-    from minserve.model.default_model import default_model_path
-
-    return default_model_path() if model is None else Path(model)
-
-
-def vocab_size(model: str | None) -> int:
-    """The checkpoint's vocabulary size, read from its config (no weights loaded)."""
-    from minserve.model.gguf_loader import config_from_gguf, open_gguf
-    from minserve.model.hf_loader import config_from_hf
-
-    path = model_path(model)
-    config = config_from_hf(path) if path.is_dir() else config_from_gguf(open_gguf(path))
-    return config.vocab_size
-
-
-def hf_model_folder(folder: Path = Path(".cache/smollm2-hf"), model: str | None = None) -> Path:
-    """A Hugging Face folder of `model` for vLLM: the model itself, or a converted GGUF.
-
-    transformers dequantizes the GGUF once and saves model and tokenizer; a `source.txt`
-    beside them names the GGUF, so a different --model is converted again.
-    """
-    path = model_path(model)
-    if path.is_dir():
-        return path
-    marker = folder / "source.txt"
-    if marker.exists() and marker.read_text() == str(path.resolve()):
-        return folder
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    )
-    model.hf_quantizer = None  # the weights are dequantized already: save them as plain fp32
-    del model.config.quantization_config
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(folder)
-    marker.write_text(str(path.resolve()))
-    return folder
-
-
 # ---------------------------------------------------------------- one peer, one process
-
-
-def busy_cores(interval_s: float = 2.0) -> float:
-    """Cores kept busy over the last `interval_s` seconds, from /proc/stat (0 if unreadable).
-
-    The load average trails by a minute; this sees a job that started a second ago.
-    """
-
-    def sample() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(interval_s)
-        total1, idle1 = sample()
-    except (OSError, IndexError, ValueError):
-        return 0.0
-    busy = 1 - (idle1 - idle0) / max(total1 - total0, 1)
-    return busy * (os.cpu_count() or 1)
-
-
-def wait_for_quiet(max_load: float | None, max_wait_s: float) -> float:
-    """Sleep until the 1-minute load average is below `max_load` and the cores are idle now
-    (or until `max_wait_s` runs out); the load average at the end."""
-    deadline = time.monotonic() + max_wait_s
-    while max_load is not None and time.monotonic() < deadline:
-        if os.getloadavg()[0] < max_load and busy_cores() < 0.5:
-            break
-        time.sleep(5)
-    return round(os.getloadavg()[0], 2)
-
-
-def vllm_env() -> dict[str, str]:
-    """vLLM's CPU settings: OpenMP on every core we may use, Intel's OpenMP, a 4 GiB KV cache."""
-    cores = sorted(os.sched_getaffinity(0))
-    return {
-        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),  # "auto" reserves a core
-        "VLLM_CPU_KVCACHE_SPACE": "4",
-    }
 
 
 def peer_command(
@@ -153,7 +78,7 @@ def peer_command(
     files = ["--workload", str(workload), "--result", str(result), "--seed", str(settings.seed)]
     if peer != "vllm":
         model = [] if settings.model is None else ["--model", settings.model]
-        args = ["-m", "minserve.bench.offline", "--peer", peer, "--dtype", dtype, *model]
+        args = ["-m", "benchmarks.offline_peers", "--peer", peer, "--dtype", dtype, *model]
         return [sys.executable, *args, *files], {}
     folder = hf_model_folder(settings.hf_folder, settings.model)
     python = settings.vllm_python
@@ -167,11 +92,11 @@ def peer_command(
 
 def run_one(
     peer: str, dtype: str, workdir: Path, workload: Path, settings: SuiteSettings
-) -> PeerResult:
+) -> OfflineResult:
     """Run one peer in a subprocess and read back its result (or say why there is none)."""
     if peer == "vllm" and not settings.vllm_python.exists():
         note = f"{settings.vllm_python} not found; install with `{INSTALL_VLLM}`"
-        return PeerResult(peer, dtype, "not installed", note=note)
+        return OfflineResult(peer, dtype, "not installed", note=note)
     result_path = workdir / f"{peer}-{dtype}.json"
     log_path = workdir / f"{peer}-{dtype}.log"
     command, extra_env = peer_command(peer, dtype, workload, result_path, settings)
@@ -180,42 +105,21 @@ def run_one(
     with log_path.open("w") as log:
         try:
             code = subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=settings.timeout_s
-            ).returncode
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                timeout=settings.timeout_s,
+            ).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             code = -1
     load = {"load_average_start": load_start, "load_average_end": round(os.getloadavg()[0], 2)}
     if code != 0 or not result_path.exists():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
         note = f"exit code {code}: " + " / ".join(tail)[-400:]
-        return PeerResult(peer, dtype, "failed", note=note, details=load)
-    result = PeerResult.from_dict(json.loads(result_path.read_text()))
+        return OfflineResult(peer, dtype, "failed", note=note, details=load)
+    result = OfflineResult.from_dict(json.loads(result_path.read_text()))
     return replace(result, details={**result.details, **load})
 
 
 # ---------------------------------------------------------------- the suite
-
-
-def cpu_model() -> str:
-    """The CPU's name from /proc/cpuinfo (platform.processor() is often empty)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or "unknown"
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or "unknown"
-
-
-def machine_info() -> dict[str, Any]:
-    import torch
-
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
 
 
 def run_suite(
@@ -266,7 +170,45 @@ def _run_settings(settings: SuiteSettings, workload: list[OfflineRequest]) -> di
     }
 
 
-def _progress_line(r: PeerResult) -> str:
+def _progress_line(r: OfflineResult) -> str:
     if not r.ok:
-        return f"{r.label} [{r.dtype}]: {r.status} ({r.note})"
-    return f"{r.label} [{r.dtype}]: {r.tokens_per_s:.1f} output tok/s in {r.seconds:.1f} s"
+        return f"{label(r.peer)} [{r.dtype}]: {r.status} ({r.note})"
+    return f"{label(r.peer)} [{r.dtype}]: {r.tokens_per_s:.1f} output tok/s in {r.seconds:.1f} s"
+
+
+# ---------------------------------------------------------------- the command
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the workload and the model, as `minserve bench offline`; then the peers
+    parser = record_parser(__spec__.name, __doc__, offline.add_arguments)
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
+    args = parser.parse_args(argv)
+    try:
+        peers = choices(args.peers, PEERS, "peer")
+        dtypes = choices(args.dtype, DTYPES, "dtype")
+    except ValueError as e:
+        parser.error(str(e))
+    settings = SuiteSettings(
+        num_requests=args.num_requests,
+        min_len=args.min_len,
+        max_len=args.max_len,
+        seed=args.seed,
+        peers=peers,
+        dtypes=dtypes,
+        model=args.model,
+        vllm_python=args.vllm_python,
+        max_load=args.max_load,
+        max_wait_s=args.max_wait,
+    )
+    command = command_line(__spec__.name, argv)
+    report = run_suite(settings, command, lambda r: write_report(r, args.output))
+    written = write_report(report, args.output)
+    print(markdown(report))
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

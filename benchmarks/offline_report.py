@@ -11,28 +11,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minserve.bench.offline import PEER_LABELS, PeerResult
+from minserve.bench.offline import OfflineResult
 
+PEER_LABELS = {
+    "minserve": "minserve (paged engine)",
+    "reference": "minserve (reference path)",
+    "hf16": "HF generate, static batches of 16",
+    "hf64": "HF generate, static batches of 64",
+    "vllm": "vLLM CPU 0.32.0",
+}
 BASELINES = {"vllm": "vs vLLM", "hf16": "vs HF static 16", "hf64": "vs HF static 64"}
-TARGETS = {"vllm": 1.0, "hf16": 3.0, "hf64": 3.0}  # minserve's paged engine, the issue's goals
+TARGETS = {"vllm": 1.0, "hf16": 3.0, "hf64": 3.0}  # minserve's paged engine, its goals
 
 
 @dataclass(frozen=True)
 class OfflineReport:
-    """Everything one `minserve bench offline` run measured, and how."""
+    """Everything one `python -m benchmarks.offline_throughput` run measured, and how."""
 
     command: str
     date: str
     machine: dict[str, Any]
     settings: dict[str, Any]
-    results: list[PeerResult]
+    results: list[OfflineResult]
 
-    def result(self, peer: str, dtype: str) -> PeerResult | None:
+    def result(self, peer: str, dtype: str) -> OfflineResult | None:
         """The successful run of `peer` in `dtype`, if there is one."""
         found = [r for r in self.results if r.peer == peer and r.dtype == dtype and r.ok]
         return found[0] if found else None
 
-    def ratios(self, row: PeerResult) -> dict[str, float | None]:
+    def ratios(self, row: OfflineResult) -> dict[str, float | None]:
         """`row`'s tokens/s over each baseline's in the same dtype (None: no such run)."""
         out: dict[str, float | None] = {}
         for baseline in BASELINES:
@@ -53,6 +60,11 @@ class OfflineReport:
         }
 
 
+def label(peer: str) -> str:
+    """The peer's name in the table and the plot."""
+    return PEER_LABELS.get(peer, peer)
+
+
 def _rounded(ratios: dict[str, float | None]) -> dict[str, float | None]:
     return {k: None if v is None else round(v, 3) for k, v in ratios.items()}
 
@@ -61,13 +73,13 @@ def _ratio_cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def table_row(report: OfflineReport, r: PeerResult) -> str:
+def table_row(report: OfflineReport, r: OfflineResult) -> str:
     """One markdown table row: engine, dtype, throughput, tokens, time, ratios, notes."""
     if not r.ok:
-        return f"| {r.label} | {r.dtype} | {r.status} | | | | | | | {r.note} |"
+        return f"| {label(r.peer)} | {r.dtype} | {r.status} | | | | | | | {r.note} |"
     ratios = report.ratios(r)
     cells = [
-        r.label,
+        label(r.peer),
         r.dtype,
         f"{r.tokens_per_s:.1f}",
         f"{r.output_tokens} / {r.generated_tokens}",
@@ -144,11 +156,11 @@ def write_plot(report: OfflineReport, path: Path) -> Path | None:
     width = 0.8 / len(dtypes)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, dtype in enumerate(dtypes):
-        values = [(report.result(p, dtype) or PeerResult(p, dtype)).tokens_per_s for p in peers]
+        values = [(report.result(p, dtype) or OfflineResult(p, dtype)).tokens_per_s for p in peers]
         xs = [x + (i - (len(dtypes) - 1) / 2) * width for x in range(len(peers))]
         bars = ax.bar(xs, values, width, label=dtype)
         ax.bar_label(bars, labels=[f"{v:.0f}" if v else "n/a" for v in values], fontsize=8)
-    ax.set_xticks(range(len(peers)), [PEER_LABELS.get(p, p) for p in peers], fontsize=8)
+    ax.set_xticks(range(len(peers)), [label(p) for p in peers], fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=15, ha="right")
     ax.set_ylabel("output tokens / s")
     ax.set_title(f"Offline throughput, {report.settings['num_requests']} requests, CPU")

@@ -1,7 +1,7 @@
 """Tensor parallelism on this machine's CPU cores: step time and tokens/s at TP=1 vs TP=2,
 and the all-reduce time inside each step.
 
-    python -m minserve.bench.tp            # writes benchmarks/tensor_parallel.{json,md}
+    python -m benchmarks.tensor_parallel   # writes benchmarks/tensor_parallel.{json,md}
 
 SmolLM2 has 9 query heads, which 2 ranks cannot split, so the model is SmolLM2's shape
 (30 layers, hidden 576, MLP 1536, vocab 49152) with 8 heads of 72 and 2 KV heads, random
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from minserve.bench.run_env import RunRecord, write_json
+from benchmarks.run_env import REPO_ROOT, RunRecord, command_line, write_json
 from minserve.distributed import demo
 from minserve.distributed.comm import CommStats
 from minserve.distributed.ranks import run_on_ranks
@@ -180,14 +179,16 @@ def markdown(data: dict, record_line: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minserve.bench.tp", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tensor_parallel", description=__doc__
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--max-load", type=float, default=None, help="wait for a quieter machine")
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/tensor_parallel"))
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "benchmarks" / "tensor_parallel")
     args = parser.parse_args(argv)
-    args.command = shlex.join(["python", "-m", "minserve.bench.tp", *(argv or sys.argv[1:])])
+    args.command = command_line(__spec__.name, argv)
     data = run(args)
     write_json(data, args.output.with_suffix(".json"))
     record = RunRecord(**data["run"])

@@ -19,10 +19,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from minserve.engine import LLMEngine
+from minserve.engine import LLMEngine, observe_steps
 from minserve.outputs import RequestOutput
 from minserve.sampling_params import SamplingParams
-from minserve.scheduler.scheduler import ScheduledSeq
 
 
 @dataclass(frozen=True)
@@ -181,17 +180,20 @@ class _Recorder:
         self._added.append(arrival.request_id)
 
     def step(self) -> None:
-        start = self.clock()
-        outputs = self.engine.step()
-        duration = self.clock() - start
-        batch = self.engine.last_batch
-        if batch.is_empty:
-            return  # the engine does not count it either
+        with observe_steps(self.engine) as records:
+            start = self.clock()
+            outputs = self.engine.step()
+            duration = self.clock() - start
+        if not records:
+            return  # an empty step: the engine does not count it either
+        batch = records[-1].scheduler_output
         self.trace.steps.append(
             StepRecord(
                 duration=duration,
-                scheduled=tuple(_work(s) for s in batch.scheduled),
-                preempted=tuple(seq.request.request_id for seq in batch.preempted),
+                scheduled=tuple(
+                    ScheduledWork(c.request_id, c.num_new_tokens, c.is_decode) for c in batch.chunks
+                ),
+                preempted=batch.preempted_request_ids,
                 sampled=tuple(r for output in outputs for r in self._new_tokens(output)),
                 added=tuple(self._added),
             )
@@ -210,14 +212,6 @@ class _Recorder:
     def run_until_done(self) -> None:
         while self.engine.has_unfinished_requests():
             self.step()
-
-
-def _work(scheduled: ScheduledSeq) -> ScheduledWork:
-    """Read after the step ran: the step computed positions [start, start + n)."""
-    seq, n = scheduled.seq, scheduled.num_new_tokens
-    start = seq.num_computed_tokens - n
-    is_decode = n == 1 and start >= len(seq.sample.prompt_token_ids)
-    return ScheduledWork(seq.request.request_id, n, is_decode)
 
 
 def trace_engine(

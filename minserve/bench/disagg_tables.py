@@ -1,10 +1,9 @@
-"""The page and the plot of `minserve bench disagg` (benchmarks/disagg.{md,png})."""
+"""The tables `minserve bench disagg` prints, a section per part the run has.
+
+`benchmarks/disagg.py` writes the same sections under its run record (benchmarks/disagg.md).
+"""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from minserve.bench.run_env import RunRecord
 
 METRIC_NAMES = {
     "mean_ttft_s": "mean TTFT (s)",
@@ -13,16 +12,9 @@ METRIC_NAMES = {
 }
 
 
-def markdown(report: dict) -> str:
-    """Every part the run has, each as a short table with what it measured."""
-    run = report.get("run", {})
-    lines = [
-        "# Prefill/decode disaggregation: KV transfer, 1P1D vs colocated, capacity plans",
-        "",
-        f"Command: `{run.get('command', '?')}` ({run.get('date', '?')})",
-    ]
-    if run:
-        lines.append(RunRecord(**run).load_line())
+def section_lines(report: dict) -> list[str]:
+    """Every part the run has, each a short table with what it measured (a blank line first)."""
+    lines = []
     for key, section in (
         ("transfer", _transfer),
         ("validation", _validation),
@@ -31,7 +23,7 @@ def markdown(report: dict) -> str:
     ):
         if key in report:
             lines += ["", *section(report)]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _transfer(report: dict) -> list[str]:
@@ -163,56 +155,3 @@ def _plan_cells(q: dict, best: bool) -> str:
         f"{label} | {q['served_per_gpu']:.2f} ({q['attainment']:.0%}) | "
         f"{q['goodput_per_gpu']:.2f} | {q['mean_ttft_s']:.3f} | {q['mean_tpot_s'] * 1e3:.1f}"
     )
-
-
-def plot(report: dict, path: Path) -> Path:
-    """Transfer/prefill against prompt length; SLO-met rate per GPU against the prefill share."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plans = report.get("plans", [])
-    panels = ("transfer" in report) + len(plans)
-    if panels == 0:
-        raise ValueError("nothing to plot: the report has neither transfers nor plans")
-    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
-    axes = list(axes[0])
-    if "transfer" in report:
-        rows = report["transfer"]["rows"]
-        ax = axes.pop(0)
-        ax.loglog([r["prompt_len"] for r in rows], [r["transfer_over_prefill"] for r in rows], "o-")
-        ax.set(title="KV transfer / prefill time", xlabel="prompt tokens", ylabel="ratio")
-    for ax, p in zip(axes, plans):
-        _plot_plan(ax, p)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def _plot_plan(ax, plan: dict) -> None:
-    for i, (gpus, points) in enumerate(plan["by_cluster_size"].items()):
-        color = f"C{i}"
-        for tp, style in zip(plan["setting"]["tp_degrees"], ("-", "--", ":")):
-            split = sorted(
-                (q for q in points if q["tp"] == tp and q["num_prefill"]),
-                key=lambda q: q["num_prefill"],
-            )
-            x = [q["num_prefill"] / (q["num_prefill"] + q["num_decode"]) for q in split]
-            ax.plot(
-                x,
-                [q["served_per_gpu"] for q in split],
-                style,
-                color=color,
-                marker=".",
-                label=f"{gpus} GPUs TP{tp}",
-            )
-        colo = max((q for q in points if q["num_colocated"]), key=lambda q: q["served_per_gpu"])
-        ax.axhline(colo["served_per_gpu"], color=color, lw=0.8, alpha=0.5)
-    ax.set(
-        title=f"{plan['setting']['name']}: SLO-met rate vs prefill share",
-        xlabel="prefill instances / all instances",
-        ylabel="SLO-met req/s per GPU; thin: best colocated",
-    )
-    ax.legend(fontsize=7)

@@ -2,7 +2,8 @@
 
 A synthetic pool with SmolLM2-135M's attention shapes (9 query heads, 3 KV heads of 64,
 blocks of 16), each sequence's blocks scattered at random; each backend is timed on the
-same step (store + attend), alternating, and the median kept.
+same step (store + attend), alternating, and the median kept. Chapter 02 and
+`benchmarks/cpu_kernels.py` use it.
 """
 
 from __future__ import annotations

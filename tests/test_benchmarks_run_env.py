@@ -1,8 +1,8 @@
-"""What a benchmark report says about its run (`minserve/bench/run_env.py`)."""
+"""What a benchmark report says about its run (`benchmarks/run_env.py`)."""
 
 from __future__ import annotations
 
-from minserve.bench.run_env import RunRecord
+from benchmarks.run_env import RunRecord
 
 
 def test_a_report_opens_with_its_title_command_date_and_machine() -> None:
