@@ -25,9 +25,10 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.run_env import RunRecord, command_line, write_results
+from minserve.kernels.onednn import can_prepack
 from minserve.llm import LLM
 from minserve.model.loader import LoadedModel, load_model
-from minserve.model.packed_linear import PackedLinear, can_prepack
+from minserve.model.packed_linear import PackedLinear
 from minserve.sampling_params import SamplingParams
 
 HERE = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: 891c00d4ff40 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 5db48ddf26aa (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
@@ -206,7 +206,7 @@ class Scheduler:
         return SchedulerOutput(
             chunks=chunks,
             block_ops=self.kv.take_block_ops(),
-            preempted_seq_ids=tuple(seq.seq_id for seq in plan.preempted),
+            preempted_request_ids=tuple(seq.request_id for seq in plan.preempted),
         )
 
     def _chunk_of(self, s: ScheduledSeq, num_draft_slots: int) -> ScheduledChunk:
@@ -224,6 +224,7 @@ class Scheduler:
             block_table=tuple(seq.block_table.blocks),
             samples=samples,
             num_draft_slots=num_draft_slots,
+            num_prompt_tokens=len(seq.sample.prompt_token_ids),
         )
 
     def update_from_output(

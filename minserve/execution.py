@@ -2,16 +2,8 @@
 
 The arguments say what the user asked for ("auto" where nothing), the machine says what can
 run (a GPU, a C compiler, oneDNN), and a few environment variables switch a CPU path off to
-compare it with another. This is the one module that reads `MINSERVE_*` variables:
-
-    MINSERVE_C_KERNELS=0|1           the C kernels (minserve/kernels); default 1
-    MINSERVE_KERNEL_ROWS=N|measured  few-row linear kernel up to N rows (0: oneDNN always);
-                                     default: measured per layer shape at load
-    MINSERVE_GREEDY_SCREEN=0|1       greedy tokens through the head's bf16 screen; default 1
-    MINSERVE_KERNEL_CACHE=DIR        where the compiled C kernels are kept;
-                                     default ~/.cache/minserve/kernels
-
-An empty value counts as unset. `LLM(...)` logs the resolved config in one line
+compare it with another (read in `minserve/environment.py` only).
+`LLM(...)` logs the resolved config in one line
 (`summary()`) and returns it from `llm.get_execution_config()`.
 """
 
@@ -21,19 +13,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 import torch
 
-from minserve.kernels.build import build_error
-from minserve.model.packed_linear import can_prepack
+from minserve.attention.backends import resolve_attention, resolve_c_kernels
+from minserve.environment import (
+    C_KERNELS,
+    GREEDY_SCREEN,
+    MEASURED,
+    LinearRows,
+    env_linear_rows,
+    env_switch,
+    kernel_cache_dir,
+)
+from minserve.kernels.onednn import can_prepack
 
-C_KERNELS, KERNEL_ROWS = "MINSERVE_C_KERNELS", "MINSERVE_KERNEL_ROWS"
-GREEDY_SCREEN, KERNEL_CACHE = "MINSERVE_GREEDY_SCREEN", "MINSERVE_KERNEL_CACHE"
-MEASURED = "measured"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-LinearRows = int | Literal["measured"]
 
 
 @dataclass(frozen=True)
@@ -133,60 +128,3 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
-
-
-def resolve_c_kernels(wanted: bool, device: torch.device) -> tuple[bool, str | None]:
-    """Whether the C kernels run (on a CPU, switched on, the library built), and why not
-    when they were wanted but cannot build. A GPU never builds them."""
-    if not wanted or device.type != "cpu":
-        return False, None
-    missing = build_error()
-    return missing is None, missing
-
-
-def resolve_attention(name: str, device: torch.device, c_kernels: bool) -> str:
-    """ "auto": Triton on a GPU; on a CPU the C backend where the C kernels run, else torch.
-    Other names pass through (`get_attention_backend` checks them)."""
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        return "triton"
-    return "cpu" if c_kernels else "torch"
-
-
-# --- the environment --------------------------------------------------------------------------
-
-
-def env_value(env: Mapping[str, str], name: str) -> str | None:
-    """The variable's value, None where it is unset or empty."""
-    return env.get(name) or None
-
-
-def env_switch(env: Mapping[str, str], name: str) -> bool:
-    """A 0|1 variable; unset means on."""
-    value = env_value(env, name)
-    if value is None:
-        return True
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: expected 0 (off) or 1 (on)")
-    return value == "1"
-
-
-def env_linear_rows(env: Mapping[str, str]) -> LinearRows:
-    """$MINSERVE_KERNEL_ROWS: a fixed row count, or measured (the default)."""
-    value = env_value(env, KERNEL_ROWS)
-    if value is None or value == MEASURED:
-        return MEASURED
-    if not (value.isascii() and value.isdigit()):
-        raise ValueError(
-            f"{KERNEL_ROWS}={value!r}: expected a row count (an integer >= 0; 0: oneDNN "
-            f"always) or {MEASURED!r}"
-        )
-    return int(value)
-
-
-def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the compiled C kernels are kept: $MINSERVE_KERNEL_CACHE or ~/.cache/minserve."""
-    value = env_value(os.environ if environ is None else environ, KERNEL_CACHE)
-    default = Path.home() / ".cache" / "minserve" / "kernels"
-    return default if value is None else Path(value).expanduser()

@@ -233,7 +233,7 @@ class Scheduler:
         return SchedulerOutput(
             chunks=chunks,
             block_ops=self.kv.take_block_ops(),
-            preempted_seq_ids=tuple(seq.seq_id for seq in plan.preempted),
+            preempted_request_ids=tuple(seq.request_id for seq in plan.preempted),
         )
 
     def _chunk_of(self, s: ScheduledSeq, num_draft_slots: int) -> ScheduledChunk:
@@ -251,6 +251,7 @@ class Scheduler:
             block_table=tuple(seq.block_table.blocks),
             samples=samples,
             num_draft_slots=num_draft_slots,
+            num_prompt_tokens=len(seq.sample.prompt_token_ids),
         )
 
     def update_from_output(

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 import minserve
-from minserve import execution
+from minserve import environment
 from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cache_dir, cpu_kernels
+from minserve.kernels.onednn import can_prepack
 from minserve.llm import LLM
-from minserve.model.packed_linear import PackedLinear, can_prepack
+from minserve.model.packed_linear import PackedLinear
 from minserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -134,9 +135,9 @@ def test_an_unknown_dtype_says_which_there_are() -> None:
         resolve_execution("cpu", "fp8", environ={})
 
 
-def test_no_module_but_the_execution_config_mentions_minserve_variables() -> None:
+def test_no_module_but_the_environment_module_mentions_minserve_variables() -> None:
     package = Path(minserve.__file__).parent
-    own = Path(execution.__file__)
+    own = Path(environment.__file__)
     readers = [
         str(path.relative_to(package))
         for path in sorted(package.rglob("*.py"))

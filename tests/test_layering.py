@@ -1,8 +1,10 @@
 """The package's imports point down its layers, and no two packages import each other.
 
-    foundations (kernels, config, errors, the step's messages, ...)
-      -> state and compute (kvcache, attention, model)
-      -> what runs on them (request, speculative)
+    foundations (kernels, config, the environment, errors, the step's messages, ...)
+      -> the state plane and attention (kvcache, attention)
+      -> the execution config (which paths run here)
+      -> the model
+      -> what runs on it (request, speculative)
       -> scheduler, worker
       -> engine
       -> llm, distributed, disagg, server, router
@@ -25,9 +27,11 @@ import minserve
 PACKAGE = Path(minserve.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"kernels", "config", "errors", "execution", "messages", "model_config", "outputs",
+    {"kernels", "config", "environment", "errors", "messages", "model_config", "outputs",
      "sampling_params", "step_timings", "stop_strings"},
-    {"kvcache", "attention", "model"},
+    {"kvcache", "attention"},
+    {"execution"},
+    {"model"},
     {"request", "speculative"},
     {"scheduler", "worker"},
     {"engine", "engine_metrics", "reference"},

@@ -9,9 +9,10 @@ from torch import nn
 
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
+from minserve.kernels.onednn import can_prepack
 from minserve.model import linear_choice
 from minserve.model.linear_choice import choose_kernel_rows, tune_kernel_rows
-from minserve.model.packed_linear import PackedLinear, can_prepack
+from minserve.model.packed_linear import PackedLinear
 
 pytestmark = pytest.mark.skipif(
     not can_prepack(torch.device("cpu"), torch.float32) or cpu_kernels() is None,

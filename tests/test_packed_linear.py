@@ -7,9 +7,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minserve.kernels.onednn import can_prepack
 from minserve.llm import LLM
 from minserve.model.loader import load_model
-from minserve.model.packed_linear import PackedLinear, can_prepack, padded_rows, prepack_linears
+from minserve.model.packed_linear import PackedLinear, padded_rows, prepack_linears
 from minserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(

@@ -29,8 +29,8 @@ from minserve.attention.paged_torch import (
     paged_attention_reference,
     paged_store_reference,
 )
-from minserve.model.config import ModelConfig
 from minserve.model.llama import CausalLM
+from minserve.model_config import ModelConfig
 
 FP32_TOL = {"atol": 1e-5, "rtol": 1e-5}
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}

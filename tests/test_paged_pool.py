@@ -11,7 +11,7 @@ from minserve.kvcache import HostSwapSpace, PagedKVPool, SwapSpaceFullError
 from minserve.kvcache.block_ops import apply_block_ops
 from minserve.kvcache.host_store import HostBlockStore
 from minserve.messages import CopyBlocks, SwapOut
-from minserve.model.config import ModelConfig
+from minserve.model_config import ModelConfig
 
 
 def _model(num_layers: int = 2, num_kv_heads: int = 2, head_dim: int = 8) -> ModelConfig:

@@ -30,7 +30,7 @@ from minserve.kvcache.host_store import HostBlockStore
 from minserve.kvcache.host_tier import HostPrefixTier, TierCosts
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import RadixCache, RadixNode
-from minserve.model.config import ModelConfig
+from minserve.model_config import ModelConfig
 
 BS, NUM_BLOCKS = 2, 12
 TINY = ModelConfig(

@@ -3,7 +3,8 @@
 
 "auto" picks the C kernels on a CPU (plain torch where they cannot be built or are
 switched off; the Triton interpreter is for correctness, not speed) and the Triton kernels
-on a GPU: the execution config resolves it (`minserve/execution.py`)."""
+on a GPU (`resolve_attention`; the execution config, `minserve/execution.py`, records
+what was resolved)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import torch
 from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.attention.triton_backend import TritonPagedAttention
-from minserve.execution import resolve_attention, resolve_c_kernels
 from minserve.kernels.build import build_error
 
 ATTENTION_BACKENDS: dict[str, type] = {
@@ -38,3 +38,22 @@ def get_attention_backend(name: str, device: torch.device | str = "cpu") -> type
 def auto_backend(device: torch.device) -> str:
     """What "auto" means on `device` with the C kernels switched on where they build."""
     return resolve_attention("auto", device, resolve_c_kernels(True, device)[0])
+
+
+def resolve_c_kernels(wanted: bool, device: torch.device) -> tuple[bool, str | None]:
+    """Whether the C kernels run (on a CPU, switched on, the library built), and why not
+    when they were wanted but cannot build. A GPU never builds them."""
+    if not wanted or device.type != "cpu":
+        return False, None
+    missing = build_error()
+    return missing is None, missing
+
+
+def resolve_attention(name: str, device: torch.device, c_kernels: bool) -> str:
+    """ "auto": Triton on a GPU; on a CPU the C backend where the C kernels run, else torch.
+    Other names pass through (`get_attention_backend` checks them)."""
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "triton"
+    return "cpu" if c_kernels else "torch"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minserve.model.config import ModelConfig
+from minserve.model_config import ModelConfig
 
 
 class SequenceKV:

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from minserve.model.config import ModelConfig
 from minserve.model.default_model import default_model_path
 from minserve.model.gguf_loader import config_from_gguf, hf_name, open_gguf, read_gguf_tensor
 from minserve.model.hf_loader import config_from_hf, safetensors_files
+from minserve.model_config import ModelConfig
 
 
 class CheckpointTensors:

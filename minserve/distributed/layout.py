@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from minserve.model.config import ModelConfig
+from minserve.model_config import ModelConfig
 
 
 class TensorParallelError(ValueError):

@@ -22,6 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from minserve.environment import kernel_cache_dir
+
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 # no -ffast-math: linked into a shared library, GCC 12 would set flush-to-zero for the whole
 # process; the reductions are marked `omp simd reduction`, which allows reordering anyway
@@ -45,9 +47,7 @@ class KernelBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """The execution config's kernel cache (`minserve/execution.py` reads the environment)."""
-    from minserve.execution import kernel_cache_dir  # here: that module imports this one
-
+    """Where the compiled library is kept (set in the environment: `minserve/environment.py`)."""
     return kernel_cache_dir()
 
 

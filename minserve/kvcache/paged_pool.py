@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from minserve.config import DEFAULT_KV_CACHE_BYTES, CacheConfig
-from minserve.model.config import ModelConfig
+from minserve.model_config import ModelConfig
 
 
 class PagedKVPool:

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from minserve.errors import ModelLoadError
-from minserve.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from minserve.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 
 # GGUF tensor-name stem -> Hugging Face name, per layer ("blk.N.<stem>") or global.
 _LAYER_NAMES = {

@@ -10,7 +10,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from minserve.errors import ModelLoadError
-from minserve.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
+from minserve.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
 
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from minserve.execution import MEASURED, LinearRows
+from minserve.environment import MEASURED, LinearRows
 from minserve.kernels import cpu_ops
 from minserve.model.packed_linear import PackedLinear
 

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minserve.kernels import cpu_ops
-from minserve.model.config import ModelConfig
 from minserve.model.greedy_head import GreedyScreen, screens
+from minserve.model_config import ModelConfig
 
 
 class AttentionFn(Protocol):

@@ -9,7 +9,6 @@ import torch
 
 from minserve.errors import ModelLoadError
 from minserve.execution import ExecutionConfig, resolve_execution
-from minserve.model.config import ModelConfig
 from minserve.model.default_model import default_model_path
 from minserve.model.fused_projections import fuse_projections
 from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
@@ -19,6 +18,7 @@ from minserve.model.linear_choice import Shape, tune_kernel_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
 from minserve.model.packed_linear import prepack_linears
 from minserve.model.tokenizer import Tokenizer
+from minserve.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.kvcache.paged_pool import PagedKVPool
-from minserve.model.config import ModelConfig
+from minserve.model_config import ModelConfig
 
 SMOLLM2_SHAPES = ModelConfig(  # SmolLM2-135M's layer shapes, one layer, a toy vocabulary
     architecture="llama",
