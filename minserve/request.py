@@ -1,9 +1,10 @@
 """A request's life after sampling: append the token, detokenize, check every stop rule.
 
 One `Request` holds `n` `Sample`s (vLLM's `n`): each is one sequence with its own output
-tokens, text, random generator and finish reason. Every engine (the reference path now,
-the paged engine later) feeds sampled tokens through `Sample.append` and reads the
-result with `Request.to_output`, so stop handling is written once.
+tokens, text, random generator and finish reason. Both engines (the paged one, through
+`Scheduler.update_from_output`, and the contiguous reference path) feed sampled tokens
+through `Sample.append` and read the result with `Request.to_output`, so stop handling is
+written once.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ LAYERS: list[set[str]] = [
     {"model"},
     {"request", "speculative"},
     {"scheduler", "worker"},
-    {"engine", "engine_metrics", "reference"},
+    {"engine", "engine_client", "engine_metrics", "reference"},
     {"llm", "distributed", "disagg", "server", "router"},
     {"cli", "course", "viz", "bench"},
 ]  # fmt: skip

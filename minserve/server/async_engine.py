@@ -1,4 +1,4 @@
-"""The asynchronous engine: one thread drives `LLMEngine.step()`, asyncio handlers wait.
+"""The asynchronous engine: one thread drives the engine's `step()`, asyncio handlers wait.
 
 The engine is single-threaded by design, so only the loop thread touches it. Handlers talk
 to it through a thread-safe inbox (add, abort), and it answers through each request's own
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from minserve.engine import LLMEngine
+from minserve.engine_client import EngineClient
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.outputs import RequestOutput
 from minserve.sampling_params import SamplingParams
@@ -99,13 +99,14 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """Runs an `LLMEngine` in a background thread and streams outputs to asyncio handlers.
+    """Runs an engine (an `EngineClient`: `LLMEngine`, or the disaggregated proxy) in a
+    background thread and streams outputs to asyncio handlers.
 
     max_queued: requests accepted beyond the engine's seats (max_num_seqs) before new ones
     are refused with EngineOverloadedError: a bounded waiting queue.
     """
 
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_queued: int = 256) -> None:
+    def __init__(self, engine: EngineClient, metrics: ServerMetrics, max_queued: int = 256) -> None:
         self.engine, self.metrics = engine, metrics
         self.capacity = engine.scheduler_config.max_num_seqs + max_queued
         self.stats: dict[str, float] = engine.get_metrics()  # a snapshot, replaced each loop

@@ -1,0 +1,37 @@
+"""What the server drives: an engine it can add requests to, abort, step, and ask for metrics.
+
+`LLMEngine` (one process) and `DisaggregatedEngine` (the proxy over prefill and decode
+instances) both have this shape, so `AsyncEngine` and the HTTP layer work with either and
+read nothing else from them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from minserve.config import SchedulerConfig
+from minserve.outputs import RequestOutput
+from minserve.sampling_params import SamplingParams
+
+
+class EngineClient(Protocol):
+    """Requests in (add, abort), each step's outputs out, metrics on the side."""
+
+    scheduler_config: SchedulerConfig  # max_num_seqs bounds the server's queue
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> object: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def get_metrics(self) -> dict[str, float]: ...
