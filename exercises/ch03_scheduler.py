@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: 5db48ddf26aa (lets the generator tell your edits from a stale stub)
+# stub fingerprint: e248adf75702 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
@@ -219,7 +219,7 @@ class Scheduler:
         return ScheduledChunk(
             seq_id=seq.seq_id,
             request_id=seq.request_id,
-            token_ids=tuple(seq.token_ids[start:end]),
+            token_ids=seq.token_slice(start, end),
             start=start,
             block_table=tuple(seq.block_table.blocks),
             samples=samples,

@@ -246,7 +246,7 @@ class Scheduler:
         return ScheduledChunk(
             seq_id=seq.seq_id,
             request_id=seq.request_id,
-            token_ids=tuple(seq.token_ids[start:end]),
+            token_ids=seq.token_slice(start, end),
             start=start,
             block_table=tuple(seq.block_table.blocks),
             samples=samples,

@@ -42,6 +42,14 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.sample.prompt_token_ids + self.sample.token_ids
 
+    def token_slice(self, start: int, end: int) -> tuple[int, ...]:
+        """token_ids[start:end] without building the whole list (a decode's one token)."""
+        prompt, output = self.sample.prompt_token_ids, self.sample.token_ids
+        n = len(prompt)
+        if start >= n:
+            return tuple(output[start - n : end - n])
+        return tuple(prompt[start:end]) + tuple(output[: max(0, end - n)])
+
     @property
     def num_tokens(self) -> int:
         return self.sample.num_tokens
