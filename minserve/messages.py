@@ -83,7 +83,9 @@ class ScheduledChunk:
 
     `samples` are the rows to sample from the logits after its last token: empty while a
     prompt is still being prefilled, one row for a decode, n rows at the end of the prefill
-    of a request with n samples (the sequence, then the siblings it forks into).
+    of a request with n samples (the sequence, then the siblings it forks into). A row
+    refers to its sequence's output tokens and random generator as they are (read-only for
+    the worker): only the process that samples (rank 0 under tensor parallelism) uses them.
     """
 
     seq_id: int
