@@ -8,7 +8,7 @@ up at once and take turns (A B B A per rate), so that a machine drifting slower 
 favours neither. For each rate, `minserve bench serve`'s load generator sends the same seeded
 workload (random token-id prompts of 128 tokens, 64 output tokens, ignore_eos, greedy,
 Poisson arrivals) and measures TTFT, TPOT, ITL, E2E and goodput at TTFT <= 1 s and
-TPOT <= 100 ms (the issue's SLOs) and at a CPU-sized SLO. Writes serve.json and serve.md.
+TPOT <= 100 ms (an interactive SLO) and at a CPU-sized SLO. Writes serve.json and serve.md.
 """
 
 from __future__ import annotations

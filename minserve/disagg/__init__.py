@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation and capacity planning (docs/distributed.md, issue 7 part 2).
+"""Prefill/decode disaggregation and capacity planning (docs/distributed.md).
 
 - `costs.py`, `calibrate.py`: step times measured on the real engine, fitted to a line.
 - `workload.py`, `simulator.py`, `planner.py`: a discrete-event simulator of prefill,

@@ -3,7 +3,7 @@
 Requests are added when their arrival time comes (between steps, as a server would);
 TTFT and TPOT come from each request's own timestamps. Simulating the same workload
 with calibrated `StepCosts` and comparing the two is how the simulator is validated
-(issue 7 asks for agreement within 20% on what runs here).
+(we aim for agreement within 20% on what runs here).
 
 `replay` drives one colocated engine; `replay_pair` drives a `PrefillDecodePair` (1P1D):
 its rounds (hand off, one prefill step here while the decode process steps, collect the

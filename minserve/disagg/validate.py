@@ -3,7 +3,7 @@
     python -m minserve.disagg.validate        # SmolLM2, one thread, about 30 s on a CPU
 
 Prints mean TTFT, mean TPOT and duration, measured and simulated, and the relative error
-(issue 7 asks for agreement within 20%). Not a timed test: timings depend on the machine.
+(we aim for agreement within 20%). Not a timed test: timings depend on the machine.
 `validate_pair` does the same for one prefill + one decode instance (`minserve bench disagg`).
 """
 

@@ -14,7 +14,7 @@ from minserve.kvcache.manager import KVCacheManager
 from minserve.scheduler.cache_aware import LongestPrefixMatch
 from minserve.scheduler.sequence import Sequence
 
-# The seeds' three request classes, as vLLM-style priorities (lower is served first).
+# Three request classes, as vLLM-style priorities (lower is served first).
 SLO_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
 
 PolicyKey = Callable[[Sequence], tuple]
