@@ -8,8 +8,8 @@ from minserve import LLM, SamplingParams
 from minserve.viz.step_trace import (
     Arrival,
     ScheduledWork,
-    StepRecord,
     StepTrace,
+    TracedStep,
     fastest_of,
     fastest_runs,
     trace_engine,
@@ -97,13 +97,13 @@ def test_static_batches_wait_for_the_whole_batch(tiny_model) -> None:
 
 def test_fastest_of_keeps_each_steps_minimum() -> None:
     work = (ScheduledWork("a", 1, True),)
-    one = StepTrace([StepRecord(0.3, work), StepRecord(0.1, work)])
-    two = StepTrace([StepRecord(0.2, work), StepRecord(0.4, work)])
+    one = StepTrace([TracedStep(0.3, work), TracedStep(0.1, work)])
+    two = StepTrace([TracedStep(0.2, work), TracedStep(0.4, work)])
     best = fastest_of([one, two])
     assert [s.duration for s in best.steps] == [0.2, 0.1]
     assert best.ends == pytest.approx([0.2, 0.3])
     with pytest.raises(ValueError, match="different work"):
-        fastest_of([one, StepTrace([StepRecord(0.1, work)])])
+        fastest_of([one, StepTrace([TracedStep(0.1, work)])])
 
 
 def test_fastest_runs_take_turns_and_keep_the_fastest() -> None:
@@ -113,7 +113,7 @@ def test_fastest_runs_take_turns_and_keep_the_fastest() -> None:
     def run(name: str, duration: float):
         def traced() -> StepTrace:
             calls.append(name)
-            return StepTrace([StepRecord(duration + 0.1 * calls.count(name), work)])
+            return StepTrace([TracedStep(duration + 0.1 * calls.count(name), work)])
 
         return traced
 

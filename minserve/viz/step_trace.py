@@ -44,7 +44,7 @@ class ScheduledWork:
 
 
 @dataclass(frozen=True)
-class StepRecord:
+class TracedStep:
     """One engine step: what it ran, what came out of it, and how long it took."""
 
     duration: float  # seconds
@@ -63,7 +63,7 @@ class StepRecord:
 class StepTrace:
     """Every step of a run, in order, and each request's final output."""
 
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: list[TracedStep] = field(default_factory=list)
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
 
     @property
@@ -122,7 +122,7 @@ class StepTrace:
         return [f"step {i:>2}: {_describe(step)}" for i, step in enumerate(self.steps)]
 
 
-def _describe(step: StepRecord) -> str:
+def _describe(step: TracedStep) -> str:
     parts = [
         f"{w.request_id} {'decode' if w.is_decode else 'prefill'} {w.num_tokens}"
         for w in step.scheduled
@@ -188,7 +188,7 @@ class _Recorder:
             return  # an empty step: the engine does not count it either
         batch = records[-1].scheduler_output
         self.trace.steps.append(
-            StepRecord(
+            TracedStep(
                 duration=duration,
                 scheduled=tuple(
                     ScheduledWork(c.request_id, c.num_new_tokens, c.is_decode) for c in batch.chunks
