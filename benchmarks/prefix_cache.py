@@ -14,7 +14,13 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
+from benchmarks.run_env import (
+    RunRecord,
+    measure_recorded,
+    record_parser,
+    save_figure,
+    write_results,
+)
 from minserve.bench.prefix_command import add_arguments, measure, runs_table, summary_table
 
 TARGETS = {"hit_rate_of_ideal": 0.90, "ttft_speedup_on_hits": 5.0, "upkeep_fraction": 0.01}
@@ -81,10 +87,7 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
     ax2.bar(list(probes), [median(v) for v in probes.values()], color=["tab:orange", "tab:blue"])
     ax2.set_ylabel("TTFT p50 (s), one request at a time")
     ax2.set_title(f"{report['summary']['ttft_speedup_on_hits']:.1f}x lower on hits")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
+from benchmarks.run_env import (
+    RunRecord,
+    measure_recorded,
+    record_parser,
+    save_figure,
+    write_results,
+)
 from minserve.bench.router import add_arguments, measure, table
 
 
@@ -74,10 +80,7 @@ def write_plot(report: dict, path: Path) -> Path:
         ax.set_xticks([w + 0.4 - width / 2 for w in range(len(workloads))], workloads)
         ax.set_ylabel(label)
     axes[0].legend(frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 if __name__ == "__main__":

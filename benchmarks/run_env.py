@@ -27,6 +27,16 @@ from minserve.bench.options import set_threads
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay out, write (110 dpi) and close a matplotlib figure; its path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def command_line(module: str, argv: Sequence[str] | None = None) -> str:
     """How a program here was started: `python -m benchmarks.NAME ARGS`, the interpreter
     relative to the working directory when it lives there (`.venv/bin/python`)."""

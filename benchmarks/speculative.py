@@ -14,7 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run_env import RunRecord, measure_recorded, record_parser, write_results
+from benchmarks.run_env import (
+    RunRecord,
+    measure_recorded,
+    record_parser,
+    save_figure,
+    write_results,
+)
 from minserve.bench.speculative_command import add_arguments, measure, table
 
 TARGETS = {"tokens_per_forward": 2.0, "speedup": 1.5}  # repetition, batch 1, best proposer
@@ -135,10 +141,7 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
                 for (w, b), col in colours.items()]  # fmt: skip
     axes[1].legend(handles=handles, fontsize=8, loc="upper left")
     fig.suptitle("Speculative decoding: measured vs (1 - a^(g+1)) / (1 - a) and / (g c + 1)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 if __name__ == "__main__":
