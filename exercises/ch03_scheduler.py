@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: e248adf75702 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 225700dba56b (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
@@ -15,11 +15,12 @@ from minserve.config import SchedulerConfig
 from minserve.kvcache.manager import KVCacheManager
 from minserve.messages import (
     ModelRunnerOutput,
+    NewTokens,
     SampledTokens,
     ScheduledChunk,
     SchedulerOutput,
 )
-from minserve.request import Request, StopRules
+from minserve.request import StopRules
 from minserve.scheduler.policy import get_policy
 from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan
 from minserve.scheduler.sequence import SeqStatus, Sequence
@@ -229,21 +230,21 @@ class Scheduler:
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
-    ) -> list[Request]:
+    ) -> list[NewTokens]:
         """Move every scheduled sequence on by what the step computed and sampled.
 
         The one writer of `num_computed_tokens`: chunks become computed (and their full
         blocks cached), accepted drafts too (rejected drafts' slots are rolled back), a
         finished prefill forks into its n samples, sampled tokens are appended with the
-        stop rules, and finished sequences free their blocks. Returns the requests that
-        got new tokens, in batch order.
+        token stop rules, and finished sequences free their blocks. Returns each sample's
+        new tokens, in batch order.
         """
         if self.drafts is not None and runner_output.timings is not None:
             timings = runner_output.timings
             self.drafts.record_costs(
                 runner_output.num_draft_rounds, timings.propose, timings.forward
             )
-        progressed: dict[str, Request] = {}
+        new_tokens: list[NewTokens] = []
         for chunk in scheduler_output.chunks:
             seq = self.seqs.get(chunk.seq_id)
             if seq is None:  # aborted since the step was scheduled
@@ -261,11 +262,10 @@ class Scheduler:
                 if self.drafts is not None:
                     self._accept_drafts(member, num_drafts, tokens, chunk.num_draft_slots)
                     num_drafts = 0  # siblings forked this step never speculate
-                self._append(member, tokens)
-                progressed[member.request_id] = member.request
+                new_tokens.append(self._append(member, tokens))
         if self.drafts is not None:
             self.drafts.release_finished()
-        return list(progressed.values())
+        return new_tokens
 
     def _record_cache_hit(self, seq: Sequence, start: int) -> None:
         """A request's first chunk starts after its cached prefix: that many tokens were hits."""
@@ -286,16 +286,33 @@ class Scheduler:
         if num_draft_slots:
             self.kv.truncate(seq.block_table, seq.num_computed_tokens)
 
-    def _append(self, seq: Sequence, tokens: SampledTokens) -> None:
+    def _append(self, seq: Sequence, tokens: SampledTokens) -> NewTokens:
         """Append sampled tokens until a stop rule ends the sequence (a stop may come inside
         accepted drafts: the tokens after it are dropped)."""
-        for token, logprobs in zip(tokens.token_ids, tokens.logprobs):
-            seq.sample.append(token, logprobs, self.rules)
-            seq.request.record_token_time()
-            self.stats.num_generation_tokens += 1
-            if seq.sample.finished:
+        sample, kept = seq.sample, 0
+        for token in tokens.token_ids:
+            sample.append(token, self.rules)
+            kept += 1
+            if sample.finished:
                 self.finish(seq)
-                return
+                break
+        self.stats.num_generation_tokens += kept
+        return NewTokens(
+            request_id=seq.request_id,
+            index=sample.index,
+            token_ids=tokens.token_ids[:kept],
+            logprobs=tokens.logprobs[:kept],
+            finish_reason=sample.finish_reason,
+            stop_reason=sample.stop_reason,
+            num_cached_tokens=seq.request.num_cached_tokens or 0,
+        )
+
+    def stop_sample(self, request_id: str, index: int) -> None:
+        """A stop string ended this sample (the output processor found it): finish it."""
+        for seq in self.sequences_of(request_id):
+            if seq.sample.index == index:
+                seq.sample.finish("stop")
+                self.finish(seq)
 
     # --- prefill/decode disaggregation: a sequence leaves after its prefill, or arrives ---
 
@@ -313,13 +330,14 @@ class Scheduler:
     def free_detached(self, seq: Sequence) -> None:
         self.kv.free(seq.block_table)
 
-    def resume(self, seq: Sequence, first_token: int, num_computed: int) -> list[int]:
+    def resume(self, seq: Sequence, first_token: int, num_computed: int) -> NewTokens:
         """A waiting sequence another instance prefilled: append its first token; with
         `num_computed` > 0 its first tokens' KV arrives from there, so blocks are allocated
-        for them now (returned, for the caller to fill) and the next step decodes."""
-        self._append(seq, SampledTokens((first_token,), (None,)))
+        for them now (the caller fills `seq.block_table`) and the next step decodes.
+        Returns the first token as new tokens (the output processor's text starts there)."""
+        first = self._append(seq, SampledTokens((first_token,), (None,)))
         if seq.status is SeqStatus.FINISHED or num_computed == 0:
-            return []
+            return first
         if not self.kv.can_append(seq.block_table, num_computed):
             raise MemoryError(
                 f"no room for {num_computed} transferred tokens: "
@@ -331,7 +349,7 @@ class Scheduler:
         seq.request.num_cached_tokens = 0
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
-        return list(seq.block_table.blocks)
+        return first
 
     def take_finished_ids(self) -> list[int]:
         """Sequences finished or aborted since the last call (the worker drops their state)."""

@@ -1,23 +1,27 @@
 # Your workspace for chapter 09 (Assembling the server): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 09` from the repository root.
-# Generated from minserve/router/policy.py, minserve/server/streaming.py by `python -m minserve.course.generate`.
-# stub fingerprint: e18a5475785b (lets the generator tell your edits from a stale stub)
+# Generated from minserve/router/policy.py, minserve/output_processor.py by `python -m minserve.course.generate`.
+# stub fingerprint: 03223598c178 (lets the generator tell your edits from a stale stub)
 """Chapter 09, Assembling the server: routing by cached prefix, and streaming.
 
 You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
-it is expected to hold, unless that replica is too busy), then `new_piece`, what
-one streamed chunk carries. Plug your policy into the router with
-`build_router(config, policy=CacheAware(PrefixIndex(2)))`.
+it is expected to hold, unless that replica is too busy), then
+`SampleOutput.update`, the output processor's turn of new tokens into the text
+delta a stream sends. Plug your policy into the router with
+`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
+the engine with `LLM(sample_output_cls=SampleOutput)`.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from minserve.messages import NewTokens
+from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.policy import Decision, _Turns
 from minserve.router.prefix_index import Key, PrefixIndex
-from minserve.server.responses import Piece
-from minserve.server.streaming import Sent
+from minserve.stop_strings import StopStringMatcher
 
 
 # Exercise 9.1: cache-aware routing
@@ -50,16 +54,39 @@ class CacheAware:
             self.index.insert(key, replica)
 
 
-# Exercise 9.2: from cumulative outputs to streamed pieces
-def new_piece(index: int, completion: CompletionOutput, sent: Sent) -> Piece | None:
-    """The part of `completion` (the choice's whole output so far) not sent yet, as the
-    Piece for choice `index`; None when there is nothing new or the choice has finished.
+# Exercise 9.2: from new token ids to a streamed delta
+@dataclass
+class SampleOutput:
+    """What one sample has shown so far: its detokenizer and stop-string matcher hold the
+    text still held back; the running logprob sum; why it finished."""
 
-    A piece carries the new text, the new token ids and their logprobs (None if the
-    request asked for none), and the finish and stop reasons. There is a piece whenever
-    there are new tokens, even when their text is empty (the detokenizer holds back half a
-    UTF-8 character), and when the choice has just finished (the piece carries the finish
-    reason). Update `sent` as you go: chars, tokens, and finished once the finish reason
-    is out (`started` is the caller's).
-    """
-    raise NotImplementedError("Exercise 9.2: from cumulative outputs to streamed pieces")
+    index: int
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    with_logprobs: bool = False  # the request asked for logprobs
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def update(self, new: NewTokens) -> CompletionOutput:
+        """This step's delta of the sample: the text `new.token_ids` add, cut at a stop string.
+
+        Feed each token to `self.detokenizer.step(token)` and its text to
+        `self.stops.feed(text)`, which returns (text safe to show now, the stop string it
+        completed or None). A stop string finishes the sample on the token that completed it
+        (finish_reason "stop", stop_reason the string): that token is the delta's last, the
+        step's later tokens are dropped. The scheduler may have finished the sample already
+        (`new.finish_reason`): "stop" means the last token is EOS or a stop token, whose
+        text is never shown; on "stop" and "length" release the held-back text,
+        `self.stops.feed(self.detokenizer.flush())` then `self.stops.flush()`.
+
+        The delta (`CompletionOutput`) holds this step's text and kept token ids, their
+        logprobs when the request asked for them (`new.logprobs`, else None), the finish and
+        stop reasons, and the cumulative logprob of every kept token so far (None without
+        logprobs). Record the finish on `self`.
+        """
+        raise NotImplementedError("Exercise 9.2: from new token ids to a streamed delta")

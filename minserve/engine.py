@@ -3,13 +3,15 @@
     sched_out = scheduler.schedule()                      # who runs, how many tokens each,
                                                           # block tables, block copies
     run_out   = worker.execute(sched_out)                 # block copies, decoder, sampler
-    requests  = scheduler.update_from_output(sched_out, run_out)
+    new       = scheduler.update_from_output(sched_out, run_out)
                                                           # computed tokens, forks, appended
-                                                          # tokens, stop rules, frees
-    outputs   = [r.to_output() for r in requests]         # what the caller sees
+                                                          # tokens, token stop rules, frees
+    deltas    = output_processor.process(new)             # text, stop strings, logprobs
 
-`LLM` drives it to completion; the server drives it step by step and streams each step's
-outputs. The scheduler owns every piece of scheduling state; the worker owns the device.
+`LLM` drives it to completion and adds the deltas up; the server streams them as they come.
+The scheduler owns every piece of scheduling state, the worker owns the device, the output
+processor owns what the caller sees. A stop string found in the text is the one message
+that goes back: the engine tells the scheduler to finish that sample.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
-from minserve.messages import ModelRunnerOutput, SchedulerOutput
+from minserve.messages import ModelRunnerOutput, NewTokens, SchedulerOutput
 from minserve.model.loader import LoadedModel
 from minserve.model.sampler import Sampler
+from minserve.output_processor import OutputProcessor, SampleOutput
 from minserve.outputs import RequestOutput
 from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
@@ -44,10 +47,11 @@ from minserve.worker.worker import StepPeers, Worker
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One step's messages and where its time went (for traces and calibration)."""
+    """One step's messages, its deltas and where its time went (traces, calibration)."""
 
     scheduler_output: SchedulerOutput
     runner_output: ModelRunnerOutput
+    outputs: list[RequestOutput]
     timings: StepTimings
 
 
@@ -81,6 +85,7 @@ class LLMEngine:
         prefix_cache_cls: type = RadixCache,
         peers: StepPeers | None = None,  # tensor parallel: the other ranks' workers
         speculative_config: SpeculativeConfig | None = None,
+        sample_output_cls: type = SampleOutput,
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -102,8 +107,8 @@ class LLMEngine:
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
         drafts = DraftPlanner(speculative_config) if speculative_config is not None else None
         self.scheduler = scheduler_cls(scheduler_config, self.kv, self.rules, drafts)
+        self.output_processor = OutputProcessor(loaded.tokenizer, sample_output_cls)
         self.counters = EngineCounters()
-        self.requests: dict[str, Request] = {}
         self.timings = StepTimings()  # every step's, summed
         self.observers: list[StepObserver] = []  # called with each step's record
 
@@ -140,18 +145,17 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
-    ) -> Request:
+    ) -> None:
         """Validate and queue a request; its n samples prefill once, then fork."""
-        if request_id in self.requests:
+        if request_id in self.output_processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         validate_prompt(prompt_token_ids, self.loaded.config.vocab_size, self.max_model_len)
-        request = Request.create(
-            request_id, prompt, prompt_token_ids, params, self.loaded.tokenizer
-        )
+        request = Request.create(request_id, prompt_token_ids, params)
         self.scheduler.add(self._first_sequence(request, priority))
-        self.requests[request_id] = request
+        self.output_processor.add_request(
+            request_id, prompt, prompt_token_ids, params, request.arrival_time
+        )
         self.counters.num_prompt_tokens += len(prompt_token_ids)
-        return request
 
     def _first_sequence(self, request: Request, priority: int) -> Sequence:
         first, *siblings = request.samples
@@ -171,27 +175,26 @@ class LLMEngine:
 
         Its blocks go back to the pool (or its host copy is dropped) at once.
         """
-        request = self.requests.pop(request_id, None)
-        if request is None:
+        if request_id not in self.output_processor.requests:
             return
+        self.output_processor.forget(request_id)
         self.scheduler.abort_request(request_id)
         self.worker.release(self.scheduler.take_finished_ids())
-        for sample in request.samples:
-            sample.abort()
         self.counters.num_requests_aborted += 1
 
     def forget_request(self, request_id: str) -> None:
         """Drop a request the scheduler no longer holds (detached: another instance goes on
         with it)."""
-        self.requests.pop(request_id, None)
+        self.output_processor.forget(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return self.output_processor.has_unfinished()
 
     # --- the step ---
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return the outputs of every request that got new tokens."""
+        """Run one iteration; return a delta for every request that got new tokens (its
+        completions hold this step's text and tokens only)."""
         clock = PhaseClock()
         try:
             sched_out = self.scheduler.schedule()
@@ -211,32 +214,32 @@ class LLMEngine:
         run_out = self.worker.execute(sched_out)
         clock.skip()  # the worker timed its own phases
         self._record_step(sched_out)
-        requests = self.scheduler.update_from_output(sched_out, run_out)
+        new_tokens = self.scheduler.update_from_output(sched_out, run_out)
+        outputs = self._process(new_tokens)
         self.worker.release(self.scheduler.take_finished_ids())
-        for request in requests:
-            if request.finished:
-                del self.requests[request.request_id]
-                self.counters.num_requests_finished += 1
-        outputs = [r.to_output() for r in requests]
         clock.lap("update")
         if run_out.timings is not None:
             clock.timings.add(run_out.timings)
-        self._observe(sched_out, run_out, clock.timings)
+        self._observe(StepRecord(sched_out, run_out, outputs, clock.timings))
         return outputs
+
+    def _process(self, new_tokens: list[NewTokens]) -> list[RequestOutput]:
+        """New tokens to deltas; a sample a stop string ended is finished in the scheduler."""
+        processed = self.output_processor.process(new_tokens)
+        for request_id, index in processed.stopped:
+            self.scheduler.stop_sample(request_id, index)
+        self.counters.num_requests_finished += sum(out.finished for out in processed.outputs)
+        return processed.outputs
 
     def _record_step(self, sched_out: SchedulerOutput) -> None:
         self.counters.num_steps += 1
         self.counters.num_batched_tokens += sched_out.num_batched_tokens
         self.counters.kv_usage_peak = max(self.counters.kv_usage_peak, self.kv.usage)
 
-    def _observe(
-        self, sched_out: SchedulerOutput, run_out: ModelRunnerOutput, timings: StepTimings
-    ) -> None:
-        self.timings.add(timings)
-        if self.observers:
-            record = StepRecord(sched_out, run_out, timings)
-            for observer in self.observers:
-                observer(record)
+    def _observe(self, record: StepRecord) -> None:
+        self.timings.add(record.timings)
+        for observer in self.observers:
+            observer(record)
 
     def _check_progress(self) -> None:
         """An empty batch with work left would loop forever: say why instead."""

@@ -15,7 +15,7 @@ from minserve.sampling_params import SamplingParams
 
 
 class EngineClient(Protocol):
-    """Requests in (add, abort), each step's outputs out, metrics on the side."""
+    """Requests in (add, abort), each step's deltas out, metrics on the side."""
 
     scheduler_config: SchedulerConfig  # max_num_seqs bounds the server's queue
 
@@ -26,11 +26,13 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
-    ) -> object: ...
+    ) -> None: ...
 
     def abort_request(self, request_id: str) -> None: ...
 
-    def step(self) -> list[RequestOutput]: ...
+    def step(self) -> list[RequestOutput]:
+        """One step's deltas: each request that got tokens, with this step's part only."""
+        ...
 
     def has_unfinished_requests(self) -> bool: ...
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ from minserve.kvcache.radix_cache import RadixCache
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.sampler import Sampler
 from minserve.model.tokenizer import Tokenizer
-from minserve.outputs import RequestOutput
+from minserve.output_processor import OutputProcessor, SampleOutput
+from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.reference import ReferenceGenerator
 from minserve.request import Request, StopRules, validate_prompt
 from minserve.sampling_params import SamplingParams
@@ -72,6 +73,7 @@ class LLM:
         block_allocator_cls: type = BlockAllocator,
         scheduler_cls: type = Scheduler,
         prefix_cache_cls: type = RadixCache,
+        sample_output_cls: type = SampleOutput,
         engine: str = "paged",
         tensor_parallel_size: int = 1,
         speculative_config: dict[str, Any] | None = None,
@@ -104,7 +106,7 @@ class LLM:
             self.engine = LLMEngine(
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
                 attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
-                **tp_parts, speculative_config=speculative,
+                **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:
@@ -119,6 +121,7 @@ class LLM:
             else self.loaded.execution.with_attention("contiguous")
         )
         logger.info(self.execution.summary())
+        self.sample_output_cls = sample_output_cls
         self._ids = itertools.count()
 
     def shutdown(self) -> None:
@@ -156,13 +159,20 @@ class LLM:
         priorities = [priority_value(p) for p in priority or [0] * len(prompt_list)]
         if len(priorities) != len(prompt_list):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompt_list)} prompts")
+        tokenized = [self._tokenize(p) for p in prompt_list]  # validate all before queueing any
+        for _, token_ids in tokenized:
+            validate_prompt(token_ids, self.loaded.config.vocab_size, self.max_model_len)
+        request_ids = [str(next(self._ids)) for _ in tokenized]
+        deltas = (
+            self._run_engine(request_ids, tokenized, params, priorities)
+            if self.engine is not None
+            else self._run_reference(request_ids, tokenized, params)
+        )
+        whole = OutputAccumulator()
         with tqdm(total=len(prompt_list), desc="Generating", disable=not use_tqdm) as bar:
-            if self.engine is None:
-                requests = [self._reference_request(p, sp) for p, sp in zip(prompt_list, params)]
-                self.reference.run(requests, on_finish=lambda _: bar.update(1))
-            else:
-                requests = self._run_engine(prompt_list, params, priorities, bar)
-        return [r.to_output() for r in requests]
+            for delta in deltas:
+                bar.update(whole.add(delta).finished)
+        return [whole.outputs[request_id] for request_id in request_ids]
 
     def chat(
         self,
@@ -181,29 +191,37 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_engine(
-        self, prompts: list[Prompt], params: list[SamplingParams], priorities: list[int], bar: tqdm
-    ) -> list[Request]:
+        self,
+        request_ids: list[str],
+        prompts: list[tuple[str | None, list[int]]],
+        params: list[SamplingParams],
+        priorities: list[int],
+    ) -> Iterator[RequestOutput]:
+        """Every step's deltas until all requests finish."""
         assert self.engine is not None
-        tokenized = [self._tokenize(p) for p in prompts]  # validate all before queueing any
-        for _, token_ids in tokenized:
-            validate_prompt(token_ids, self.loaded.config.vocab_size, self.max_model_len)
-        requests = [
-            self.engine.add_request(str(next(self._ids)), text, ids, sp, prio)
-            for (text, ids), sp, prio in zip(tokenized, params, priorities)
-        ]
+        for request_id, (text, ids), sp, prio in zip(request_ids, prompts, params, priorities):
+            self.engine.add_request(request_id, text, ids, sp, prio)
         while self.engine.has_unfinished_requests():
             try:
-                outputs = self.engine.step()
+                yield from self.engine.step()
             except StepFailedError as error:  # offline, the step's own error says it best
                 raise error.__cause__ from None
-            bar.update(sum(out.finished for out in outputs))
-        return requests
 
-    def _reference_request(self, prompt: Prompt, params: SamplingParams) -> Request:
-        text, token_ids = self._tokenize(prompt)
-        validate_prompt(token_ids, self.loaded.config.vocab_size, self.max_model_len)
-        request_id = str(next(self._ids))
-        return Request.create(request_id, text, token_ids, params, self.loaded.tokenizer)
+    def _run_reference(
+        self,
+        request_ids: list[str],
+        prompts: list[tuple[str | None, list[int]]],
+        params: list[SamplingParams],
+    ) -> Iterator[RequestOutput]:
+        """The reference path's deltas, through an output processor of its own."""
+        assert self.reference is not None
+        outputs = OutputProcessor(self.loaded.tokenizer, self.sample_output_cls)
+        requests = []
+        for request_id, (text, ids), sp in zip(request_ids, prompts, params):
+            request = Request.create(request_id, ids, sp)
+            outputs.add_request(request_id, text, ids, sp, request.arrival_time)
+            requests.append(request)
+        return self.reference.run(requests, outputs)
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

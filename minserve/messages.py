@@ -1,8 +1,9 @@
-"""The two messages of one engine step, scheduler -> worker and back (vLLM v1's shape).
+"""The messages of one engine step: scheduler -> worker -> scheduler -> output processor
+(vLLM v1's shape).
 
     sched_out = scheduler.schedule()                           # SchedulerOutput
     run_out   = worker.execute(sched_out)                      # ModelRunnerOutput
-    scheduler.update_from_output(sched_out, run_out)           # the only writer of state
+    new       = scheduler.update_from_output(sched_out, run_out)  # list[NewTokens]
 
 Both are plain data: ids, token ids, positions, block ids. The scheduler decides and does
 the bookkeeping (which blocks a sequence owns); the worker owns the device: the KV pool,
@@ -157,3 +158,24 @@ class ModelRunnerOutput:
     num_drafts: dict[int, int] = field(default_factory=dict)  # seq id -> drafts verified
     num_draft_rounds: int = 0  # sequential draft positions this step (the longest draft)
     timings: StepTimings | None = None  # the worker's phases: propose, prepare, forward, sample
+
+
+# --- scheduler -> output processor ---
+
+
+@dataclass(frozen=True)
+class NewTokens:
+    """The tokens one sample (`index` of a request's n) gained this step.
+
+    finish_reason is the scheduler's: "stop" when the last token is EOS or a stop token id
+    (`stop_reason`: that id, None for EOS), "length" at max_tokens or the model's length
+    limit, None while it goes on. Stop strings are the output processor's to find.
+    """
+
+    request_id: str
+    index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[dict[int, float] | None, ...]
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    num_cached_tokens: int = 0  # the request's prompt tokens found in the prefix cache

@@ -1,10 +1,13 @@
-"""What `LLM.generate` returns, in vLLM's shapes.
+"""What `LLM.generate` returns, in vLLM's shapes, and the deltas each engine step gives.
 
-One `RequestOutput` per prompt, holding one `CompletionOutput` per sample (`n`).
+One `RequestOutput` per prompt, holding one `CompletionOutput` per sample (`n`). An engine
+step returns the same shapes holding only what is new (a delta: this step's text, token ids
+and logprobs, of the samples that got tokens); `OutputAccumulator` adds the deltas up.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -24,6 +27,19 @@ class CompletionOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def add(self, delta: CompletionOutput) -> None:
+        """Append the same sample's next delta."""
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        if self.logprobs is not None and delta.logprobs is not None:
+            self.logprobs += delta.logprobs
+        self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+        self.cumulative_logprob = delta.cumulative_logprob
+
+    def copy(self) -> CompletionOutput:
+        logprobs = None if self.logprobs is None else list(self.logprobs)
+        return dataclasses.replace(self, token_ids=list(self.token_ids), logprobs=logprobs)
 
 
 @dataclass
@@ -46,3 +62,29 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+
+
+class OutputAccumulator:
+    """Adds up each request's deltas into its whole output so far (offline and non-streaming
+    callers want whole outputs; a stream sends the deltas as they are)."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, RequestOutput] = {}  # request id -> whole output so far
+
+    def add(self, delta: RequestOutput) -> RequestOutput:
+        """Fold in one step's delta; returns the request's whole output so far."""
+        whole = self.outputs.get(delta.request_id)
+        if whole is None:
+            whole = dataclasses.replace(delta, prompt_token_ids=list(delta.prompt_token_ids),
+                                        outputs=[])  # fmt: skip
+            self.outputs[delta.request_id] = whole
+        samples = {c.index: c for c in whole.outputs}
+        for completion in delta.outputs:
+            if completion.index in samples:
+                samples[completion.index].add(completion)
+            else:
+                whole.outputs.append(completion.copy())
+        whole.outputs.sort(key=lambda c: c.index)
+        whole.finished, whole.metrics = delta.finished, delta.metrics
+        whole.num_cached_tokens = delta.num_cached_tokens
+        return whole

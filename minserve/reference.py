@@ -2,20 +2,24 @@
 
 It is the oracle every optimised path is checked against and the baseline it must beat.
 Each step runs one flat batch: whole prompts of newly admitted sequences plus the last
-token of every running one, then samples one token per sequence.
+token of every running one, then samples one token per sequence. Its new tokens go through
+the same output processor as the engine's, so text and stop strings are handled once.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
+from minserve.messages import NewTokens
 from minserve.model.llama import CausalLM
 from minserve.model.sampler import Sampler
+from minserve.output_processor import OutputProcessor
+from minserve.outputs import RequestOutput
 from minserve.request import Request, Sample, StopRules
 
 
@@ -45,17 +49,19 @@ class ReferenceGenerator:
         self.max_num_seqs = max_num_seqs
         self.param = next(model.parameters())
 
-    def run(self, requests: list[Request], on_finish: Callable[[Request], None]) -> None:
+    def run(self, requests: list[Request], outputs: OutputProcessor) -> Iterator[RequestOutput]:
+        """Every step's deltas (from `outputs`) until all requests finish."""
         waiting = deque((r, s) for r in requests for s in r.samples)
         running: list[_Running] = []
         while waiting or running:
             while waiting and len(running) < self.max_num_seqs:
                 running.append(self._admit(*waiting.popleft()))
-            self.step(running)
-            done = {id(r.request): r.request for r in running if r.sample.finished}
-            for request in done.values():
-                if request.finished:
-                    on_finish(request)
+            processed = outputs.process(self.step(running))
+            for request_id, index in processed.stopped:  # a stop string ended it
+                (stopped,) = [r for r in running if (r.request.request_id, r.sample.index)
+                              == (request_id, index)]  # fmt: skip
+                stopped.sample.finish("stop")
+            yield from processed.outputs
             running = [r for r in running if not r.sample.finished]
 
     def _admit(self, request: Request, sample: Sample) -> _Running:
@@ -66,7 +72,7 @@ class ReferenceGenerator:
         return _Running(request, sample, kv)
 
     @torch.inference_mode()
-    def step(self, running: list[_Running]) -> None:
+    def step(self, running: list[_Running]) -> list[NewTokens]:
         """One forward over the flat batch, one sampled token per sequence."""
         inputs = [r.next_input() for r in running]
         device = self.param.device
@@ -79,7 +85,12 @@ class ReferenceGenerator:
         last = torch.tensor([len(ids) for ids in inputs], device=device).cumsum(0) - 1
         logits = self.model.compute_logits(hidden[last])  # [num_seqs, vocab]
         result = self.sampler(logits, [r.sample.sampling_row(self.rules) for r in running])
+        new_tokens = []
         for r, ids, token, logprobs in zip(running, inputs, result.token_ids, result.logprobs):
             r.cached += len(ids)
-            r.sample.append(token, logprobs, self.rules)
-            r.request.record_token_time()
+            r.sample.append(token, self.rules)
+            new_tokens.append(
+                NewTokens(r.request.request_id, r.sample.index, (token,), (logprobs,),
+                          r.sample.finish_reason, r.sample.stop_reason)
+            )  # fmt: skip
+        return new_tokens

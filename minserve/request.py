@@ -1,10 +1,10 @@
-"""A request's life after sampling: append the token, detokenize, check every stop rule.
+"""A request as the scheduler sees it: token ids, sampling settings and the token stop rules.
 
 One `Request` holds `n` `Sample`s (vLLM's `n`): each is one sequence with its own output
-tokens, text, random generator and finish reason. Both engines (the paged one, through
-`Scheduler.update_from_output`, and the contiguous reference path) feed sampled tokens
-through `Sample.append` and read the result with `Request.to_output`, so stop handling is
-written once.
+tokens, random generator and finish reason. `Sample.append` applies the rules that look at
+token ids only (EOS, stop token ids, max_tokens, the model's length limit); text, stop
+strings and logprobs belong to the output processor (`minserve/output_processor.py`), which
+turns the new tokens into what the caller sees.
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from minserve.errors import PromptTooLongError
-from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.model.sampler import SamplingRow
-from minserve.model.tokenizer import Tokenizer
-from minserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minserve.sampling_params import SamplingParams
-from minserve.stop_strings import StopStringMatcher
 
 
 @dataclass(frozen=True)
@@ -33,19 +29,15 @@ class StopRules:
 
 @dataclass
 class Sample:
-    """One generated sequence: its tokens, streamed text and why it stopped."""
+    """One generated sequence's tokens, and why it stopped (once it has)."""
 
     index: int
     params: SamplingParams
     prompt_token_ids: list[int]
-    detokenizer: IncrementalDetokenizer
-    stops: StopStringMatcher
     generator: torch.Generator | None
     token_ids: list[int] = field(default_factory=list)
-    text: str = ""
     finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    logprobs: list[dict[int, float]] | None = None
+    stop_reason: int | None = None  # the stop token id that ended it (None: EOS or else)
 
     @property
     def finished(self) -> bool:
@@ -65,24 +57,18 @@ class Sample:
             eos_token_ids=() if self.params.ignore_eos else rules.eos_token_ids,
         )
 
-    def append(self, token_id: int, logprobs: dict[int, float] | None, rules: StopRules) -> None:
-        """Add one sampled token and apply the stop rules in vLLM's order."""
+    def append(self, token_id: int, rules: StopRules) -> None:
+        """Add one sampled token; finish on EOS or a stop token ("stop"), else at the length
+        limit ("length")."""
         self.token_ids.append(token_id)
-        if logprobs is not None and self.logprobs is not None:
-            self.logprobs.append(logprobs)
-        if self._stops_on_token(token_id, rules):  # its text is not part of the output
-            self._finish("stop", None if token_id in rules.eos_token_ids else token_id)
-            return
-        emitted, matched = self.stops.feed(self.detokenizer.step(token_id))
-        self.text += emitted
-        if matched is not None:
-            self._finish("stop", matched, flush=False)
+        if self._stops_on_token(token_id, rules):
+            self.finish("stop", None if token_id in rules.eos_token_ids else token_id)
         elif self._at_length_limit(rules):
-            self._finish("length", None)
+            self.finish("length", None)
 
-    def abort(self) -> None:
+    def finish(self, reason: str, stop_reason: int | None = None) -> None:
         if not self.finished:
-            self._finish("abort", None)
+            self.finish_reason, self.stop_reason = reason, stop_reason
 
     def _stops_on_token(self, token_id: int, rules: StopRules) -> bool:
         if len(self.token_ids) < self.params.min_tokens:
@@ -96,86 +82,35 @@ class Sample:
             self.num_tokens >= rules.max_model_len
         )
 
-    def _finish(self, reason: str, stop_reason: int | str | None, flush: bool = True) -> None:
-        if flush:  # release text held back for an open character or a possible stop string
-            emitted, _ = self.stops.feed(self.detokenizer.flush())
-            self.text += emitted + self.stops.flush()
-        self.finish_reason, self.stop_reason = reason, stop_reason
-
-    def to_output(self) -> CompletionOutput:
-        cumulative = None
-        if self.logprobs is not None:
-            cumulative = sum(lp[t] for lp, t in zip(self.logprobs, self.token_ids, strict=False))
-        return CompletionOutput(
-            index=self.index,
-            text=self.text,
-            token_ids=list(self.token_ids),
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-            logprobs=None if self.logprobs is None else list(self.logprobs),
-            cumulative_logprob=cumulative,
-        )
-
 
 @dataclass
 class Request:
-    """A prompt and its `n` samples, with the timestamps the metrics need."""
+    """A prompt's token ids and its `n` samples, with its arrival time (for the policy)."""
 
     request_id: str
-    prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
     samples: list[Sample]
-    metrics: RequestMetrics
+    arrival_time: float
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (set on start)
 
     @classmethod
     def create(
         cls,
         request_id: str,
-        prompt: str | None,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        tokenizer: Tokenizer,
+        arrival_time: float | None = None,
     ) -> Request:
         samples = [
-            Sample(
-                index=i,
-                params=params,
-                prompt_token_ids=prompt_token_ids,
-                detokenizer=IncrementalDetokenizer(
-                    tokenizer, prompt_token_ids, params.skip_special_tokens
-                ),
-                stops=StopStringMatcher(params.stop_strings, params.include_stop_str_in_output),
-                generator=_generator(params.seed, i),
-                logprobs=[] if params.logprobs is not None else None,
-            )
-            for i in range(params.n)
+            Sample(i, params, prompt_token_ids, _generator(params.seed, i)) for i in range(params.n)
         ]
-        metrics = RequestMetrics(arrival_time=time.monotonic())
-        return cls(request_id, prompt, prompt_token_ids, params, samples, metrics)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        return cls(request_id, prompt_token_ids, params, samples, arrival)
 
     @property
     def finished(self) -> bool:
         return all(s.finished for s in self.samples)
-
-    def record_token_time(self) -> None:
-        now = time.monotonic()
-        if self.metrics.first_token_time is None:
-            self.metrics.first_token_time = now
-        if self.finished and self.metrics.finished_time is None:
-            self.metrics.finished_time = now
-
-    def to_output(self) -> RequestOutput:
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=list(self.prompt_token_ids),
-            outputs=[s.to_output() for s in self.samples],
-            finished=self.finished,
-            metrics=self.metrics,
-            num_cached_tokens=self.num_cached_tokens or 0,
-        )
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator | None:

@@ -1,20 +1,24 @@
-# Generated from minserve/router/policy.py, minserve/server/streaming.py by `python -m minserve.course.generate`;
+# Generated from minserve/router/policy.py, minserve/output_processor.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 09, Assembling the server: routing by cached prefix, and streaming.
 
 You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
-it is expected to hold, unless that replica is too busy), then `new_piece`, what
-one streamed chunk carries. Plug your policy into the router with
-`build_router(config, policy=CacheAware(PrefixIndex(2)))`.
+it is expected to hold, unless that replica is too busy), then
+`SampleOutput.update`, the output processor's turn of new tokens into the text
+delta a stream sends. Plug your policy into the router with
+`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
+the engine with `LLM(sample_output_cls=SampleOutput)`.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from minserve.messages import NewTokens
+from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.policy import Decision, _Turns
 from minserve.router.prefix_index import Key, PrefixIndex
-from minserve.server.responses import Piece
-from minserve.server.streaming import Sent
+from minserve.stop_strings import StopStringMatcher
 
 
 # Exercise 9.1: cache-aware routing
@@ -55,33 +59,59 @@ class CacheAware:
             self.index.insert(key, replica)
 
 
-# Exercise 9.2: from cumulative outputs to streamed pieces
-def new_piece(index: int, completion: CompletionOutput, sent: Sent) -> Piece | None:
-    """The part of `completion` (the choice's whole output so far) not sent yet, as the
-    Piece for choice `index`; None when there is nothing new or the choice has finished.
+# Exercise 9.2: from new token ids to a streamed delta
+@dataclass
+class SampleOutput:
+    """What one sample has shown so far: its detokenizer and stop-string matcher hold the
+    text still held back; the running logprob sum; why it finished."""
 
-    A piece carries the new text, the new token ids and their logprobs (None if the
-    request asked for none), and the finish and stop reasons. There is a piece whenever
-    there are new tokens, even when their text is empty (the detokenizer holds back half a
-    UTF-8 character), and when the choice has just finished (the piece carries the finish
-    reason). Update `sent` as you go: chars, tokens, and finished once the finish reason
-    is out (`started` is the caller's).
-    """
-    if sent.finished:
-        return None
-    text = completion.text[sent.chars :]
-    finishing = completion.finish_reason is not None
-    if not text and len(completion.token_ids) == sent.tokens and not finishing:
-        return None  # nothing new (another choice of the same prompt moved)
-    logprobs = completion.logprobs
-    piece = Piece(
-        index=index,
-        text=text,
-        token_ids=completion.token_ids[sent.tokens :],
-        logprobs=None if logprobs is None else logprobs[sent.tokens :],
-        finish_reason=completion.finish_reason,
-        stop_reason=completion.stop_reason,
-    )
-    sent.chars, sent.tokens = len(completion.text), len(completion.token_ids)
-    sent.finished = finishing
-    return piece
+    index: int
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    with_logprobs: bool = False  # the request asked for logprobs
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def update(self, new: NewTokens) -> CompletionOutput:
+        """This step's delta of the sample: the text `new.token_ids` add, cut at a stop string.
+
+        Feed each token to `self.detokenizer.step(token)` and its text to
+        `self.stops.feed(text)`, which returns (text safe to show now, the stop string it
+        completed or None). A stop string finishes the sample on the token that completed it
+        (finish_reason "stop", stop_reason the string): that token is the delta's last, the
+        step's later tokens are dropped. The scheduler may have finished the sample already
+        (`new.finish_reason`): "stop" means the last token is EOS or a stop token, whose
+        text is never shown; on "stop" and "length" release the held-back text,
+        `self.stops.feed(self.detokenizer.flush())` then `self.stops.flush()`.
+
+        The delta (`CompletionOutput`) holds this step's text and kept token ids, their
+        logprobs when the request asked for them (`new.logprobs`, else None), the finish and
+        stop reasons, and the cumulative logprob of every kept token so far (None without
+        logprobs). Record the finish on `self`.
+        """
+        token_ids = list(new.token_ids)
+        finish, reason = new.finish_reason, new.stop_reason
+        shown = token_ids[:-1] if finish == "stop" else token_ids  # a stop token shows no text
+        text = ""
+        for i, token in enumerate(shown):
+            emitted, matched = self.stops.feed(self.detokenizer.step(token))
+            text += emitted
+            if matched is not None:
+                token_ids, finish, reason = token_ids[: i + 1], "stop", matched
+                break
+        else:
+            if finish is not None:  # release text held back (half a character, a stop prefix)
+                emitted, _ = self.stops.feed(self.detokenizer.flush())
+                text += emitted + self.stops.flush()
+        self.finish_reason, self.stop_reason = finish, reason
+        logprobs, cumulative = None, None
+        if self.with_logprobs:
+            logprobs = [lp for lp in new.logprobs[: len(token_ids)] if lp is not None]
+            self.cumulative_logprob += sum(lp[t] for lp, t in zip(logprobs, token_ids))
+            cumulative = self.cumulative_logprob
+        return CompletionOutput(self.index, text, token_ids, finish, reason, logprobs, cumulative)

@@ -20,6 +20,7 @@ from minserve import LLM, SamplingParams
 from minserve.cli import main
 from minserve.disagg.proxy_engine import DisaggregatedEngine
 from minserve.disagg.topology import PDTopology
+from minserve.outputs import OutputAccumulator
 from minserve.server.app import build_disaggregated_server
 from minserve.server.background import BackgroundServer
 from minserve.server.serving import ServerConfig
@@ -47,10 +48,12 @@ def cluster(model_dir) -> Iterator[DisaggregatedEngine]:
 
 
 def run_to_end(engine: DisaggregatedEngine) -> dict[str, list[int]]:
-    """Step until idle; each request's token count at every step it appeared in."""
+    """Step until idle; each request's token count so far at every step it appeared in."""
     seen: dict[str, list[int]] = {}
+    whole = OutputAccumulator()
     while engine.has_unfinished_requests():
-        for output in engine.step():
+        for delta in engine.step():
+            output = whole.add(delta)
             seen.setdefault(output.request_id, []).append(len(output.outputs[0].token_ids))
     return seen
 
@@ -84,16 +87,18 @@ def test_tokens_stream_and_equal_colocated(cluster, oracle):
     tokenizer = cluster.get_tokenizer()
     for i, prompt in enumerate(PROMPTS):
         cluster.add_request(f"s{i}", prompt, tokenizer.encode(prompt), GREEDY)
-    finished = {}
+    whole = OutputAccumulator()
     seen: dict[str, list[int]] = {}
     while cluster.has_unfinished_requests():
-        for output in cluster.step():
-            seen.setdefault(output.request_id, []).append(len(output.outputs[0].token_ids))
-            if output.finished:
-                finished[output.request_id] = output.outputs[0].token_ids
-    expected = [o.outputs[0].token_ids for o in oracle.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    assert [finished[f"s{i}"] for i in range(3)] == expected
-    assert all(counts == list(range(1, 9)) for counts in seen.values())  # one token a step
+        for delta in cluster.step():
+            seen.setdefault(delta.request_id, []).append(len(delta.outputs[0].token_ids))
+            whole.add(delta)
+    expected = oracle.generate(PROMPTS, GREEDY, use_tqdm=False)
+    got = [whole.outputs[f"s{i}"] for i in range(3)]
+    assert all(out.finished for out in got)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in expected]
+    assert all(counts == [1] * 8 for counts in seen.values())  # one new token a step
     decisions = [cluster.decisions[f"s{i}"] for i in range(3)]
     assert {d["to_rank"] for d in decisions} == {2, 3}  # least-loaded: both decode instances
     assert all(d["transfer"] and d["accepted"] for d in decisions)  # the KV moved

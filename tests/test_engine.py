@@ -170,7 +170,7 @@ def test_abort_of_waiting_running_and_swapped_requests_frees_everything(tiny_mod
         engine.step()
     statuses = {s.status.value for s in engine.scheduler.seqs.values()}
     assert len(statuses) >= 2  # a mix of running, waiting and swapped
-    for request_id in list(engine.requests):
+    for request_id in list(engine.output_processor.requests):
         engine.abort_request(request_id)
     assert_all_blocks_free(engine)
     assert not engine.has_unfinished_requests()

@@ -4,7 +4,7 @@
       -> the state plane and attention (kvcache, attention)
       -> the execution config (which paths run here)
       -> the model
-      -> what runs on it (request, speculative)
+      -> what runs on it (request, speculative, output_processor)
       -> scheduler, worker
       -> engine
       -> llm, distributed, disagg, server, router
@@ -32,7 +32,7 @@ LAYERS: list[set[str]] = [
     {"kvcache", "attention"},
     {"execution"},
     {"model"},
-    {"request", "speculative"},
+    {"request", "speculative", "output_processor"},
     {"scheduler", "worker"},
     {"engine", "engine_client", "engine_metrics", "reference"},
     {"llm", "distributed", "disagg", "server", "router"},

@@ -162,7 +162,7 @@ def test_aborts_anywhere_leave_only_cached_blocks(tiny_model) -> None:
         engine.add_request(str(i), None, [5, 6, 7, 8] + list(range(20 + i, 30 + i)), params)
     for _ in range(12):
         engine.step()
-    for request_id in list(engine.requests):
+    for request_id in list(engine.output_processor.requests):
         engine.abort_request(request_id)
     assert_only_cached_blocks_remain(engine)
     cache = engine.kv.prefix_cache

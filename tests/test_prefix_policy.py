@@ -25,8 +25,7 @@ def _kv(prefix_cache: bool = True) -> KVCacheManager:
 
 
 def _waiting(kv: KVCacheManager, name: str, prompt: list[int], arrival: float) -> Sequence:
-    request = Request.create(name, None, prompt, SamplingParams(), None)
-    request.metrics.arrival_time = arrival
+    request = Request.create(name, prompt, SamplingParams(), arrival_time=arrival)
     return Sequence(request, request.samples[0], kv.new_table(), order=int(arrival))
 
 

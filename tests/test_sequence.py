@@ -9,7 +9,7 @@ from minserve.scheduler.sequence import Sequence
 
 
 def test_token_slice_equals_slicing_prompt_plus_output_everywhere() -> None:
-    request = Request.create("a", None, [11, 12, 13, 14], SamplingParams(), None)
+    request = Request.create("a", [11, 12, 13, 14], SamplingParams())
     seq = Sequence(request, request.samples[0], BlockTable(2))
     seq.sample.token_ids.extend([15, 16, 17])
     for start in range(8):

@@ -129,7 +129,7 @@ def test_only_the_requests_in_the_failed_step_fail(live, oracle) -> None:
                 b = asyncio.create_task(
                     http.post("/v1/completions", json={"prompt": "Waiting here", **GREEDY})
                 )
-                while len(engine.requests) < 2:  # B is queued behind A
+                while len(engine.output_processor.requests) < 2:  # B is queued behind A
                     await asyncio.sleep(0.005)
                 failing.trigger.set()
                 events = sse_data([first] + [line async for line in lines])

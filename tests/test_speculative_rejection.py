@@ -143,14 +143,14 @@ def speculative_samples(pair, params: SamplingParams, verifier, count: int = NUM
     recording = Recording(verifier)
     config = {**DRAFT, "num_speculative_tokens": K, "model": pair[1]}
     llm = LLM(pair[0], speculative_config={**config, "rejection_sampler": recording})
-    engine, requests = llm.engine, []
+    engine, samples = llm.engine, []
     for seed in range(count):
         sp = replace(params, seed=seed, max_tokens=LENGTH, ignore_eos=True)
-        requests.append(engine.add_request(str(seed), None, PROMPT, sp))
+        engine.add_request(str(seed), None, PROMPT, sp)
+        samples += [seq.sample for seq in engine.scheduler.sequences_of(str(seed))]
     while engine.has_unfinished_requests():
         engine.step()
     assert_all_blocks_free(engine)
-    samples = [r.samples[0] for r in requests]
     return [s.token_ids for s in samples], [recording.calls.get(id(s.generator)) for s in samples]
 
 

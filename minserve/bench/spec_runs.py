@@ -17,6 +17,7 @@ from typing import Any
 from minserve.bench.checkpoint import hf_model_folder
 from minserve.bench.sched_overhead import is_all_decoding, timed_step
 from minserve.bench.speculative import Cell, ProposerSpec, RunTotals, make_cell
+from minserve.outputs import OutputAccumulator
 from minserve.sampling_params import SamplingParams
 
 
@@ -88,16 +89,19 @@ def run_unit(
     engine: Any, prompts: list[list[int]], params: SamplingParams, totals: RunTotals, tag: str
 ) -> None:
     """Run `prompts` together to completion on `engine`, timing every step."""
-    requests = [
-        engine.add_request(f"{tag}-{i}", None, ids, params) for i, ids in enumerate(prompts)
-    ]
+    request_ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    for request_id, ids in zip(request_ids, prompts):
+        engine.add_request(request_id, None, ids, params)
+    whole = OutputAccumulator()
     while engine.has_unfinished_requests():
         seconds, record = timed_step(engine)
         totals.seconds += seconds
         if is_all_decoding(record.scheduler_output, len(prompts)):
             totals.decode_seconds += seconds
             totals.decode_steps += 1
-    totals.outputs += [list(r.to_output().outputs[0].token_ids) for r in requests]
+        for delta in record.outputs:
+            whole.add(delta)
+    totals.outputs += [list(whole.outputs[r].outputs[0].token_ids) for r in request_ids]
 
 
 def measure_group(

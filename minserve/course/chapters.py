@@ -115,11 +115,12 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.kvcache.manager import KVCacheManager\n"
             "from minserve.messages import (\n"
             "    ModelRunnerOutput,\n"
+            "    NewTokens,\n"
             "    SampledTokens,\n"
             "    ScheduledChunk,\n"
             "    SchedulerOutput,\n"
             ")\n"
-            "from minserve.request import Request, StopRules\n"
+            "from minserve.request import StopRules\n"
             "from minserve.scheduler.policy import get_policy\n"
             "from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan\n"
             "from minserve.scheduler.sequence import SeqStatus, Sequence\n"
@@ -214,20 +215,24 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="assembling_the_server",
         title="Assembling the server",
         module="ch09_server",
-        sources=("router/policy.py", "server/streaming.py"),
+        sources=("router/policy.py", "output_processor.py"),
         header=(
             '"""Chapter 09, Assembling the server: routing by cached prefix, and streaming.\n\n'
             "You write `CacheAware.choose`, the router's pick of a replica (the longest prefix\n"
-            "it is expected to hold, unless that replica is too busy), then `new_piece`, what\n"
-            "one streamed chunk carries. Plug your policy into the router with\n"
-            "`build_router(config, policy=CacheAware(PrefixIndex(2)))`.\n"
+            "it is expected to hold, unless that replica is too busy), then\n"
+            "`SampleOutput.update`, the output processor's turn of new tokens into the text\n"
+            "delta a stream sends. Plug your policy into the router with\n"
+            "`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into\n"
+            "the engine with `LLM(sample_output_cls=SampleOutput)`.\n"
             '"""\n\n'
-            "from collections.abc import Sequence\n\n"
+            "from collections.abc import Sequence\n"
+            "from dataclasses import dataclass\n\n"
+            "from minserve.messages import NewTokens\n"
+            "from minserve.model.detokenizer import IncrementalDetokenizer\n"
             "from minserve.outputs import CompletionOutput\n"
             "from minserve.router.policy import Decision, _Turns\n"
             "from minserve.router.prefix_index import Key, PrefixIndex\n"
-            "from minserve.server.responses import Piece\n"
-            "from minserve.server.streaming import Sent\n"
+            "from minserve.stop_strings import StopStringMatcher\n"
         ),
         checks="minserve.course.checks_ch09",
     ),

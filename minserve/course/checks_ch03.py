@@ -35,9 +35,7 @@ def _scheduler(impl: ModuleType, num_blocks: int, budget: int, max_num_seqs: int
 
 def _sequence(scheduler: Any, name: str, prompt_len: int, arrival: int) -> Sequence:
     """A one-sample request named `name` that arrived at time `arrival`."""
-    # The checks never detokenize, so the request needs no tokenizer.
-    request = Request.create(name, None, list(range(prompt_len)), SamplingParams(), None)
-    request.metrics.arrival_time = float(arrival)
+    request = Request.create(name, list(range(prompt_len)), SamplingParams(), float(arrival))
     return Sequence(request, request.samples[0], scheduler.kv.new_table(), order=arrival)
 
 

@@ -1,20 +1,27 @@
 """Checks for chapter 09 (the server), run against any module that defines `CacheAware` and
-`new_piece`: minserve's own, the solutions, or a student's exercise file.
+`SampleOutput`: minserve's own, the solutions, or a student's exercise file.
 
 Routing checks use chunks of 4 token ids, so a prompt of 12 ids is 3 chunks and a replica
 that was sent it is expected to hold all 12; prompts that share their first 8 ids share 2
-chunks. Streaming checks feed `new_piece` one choice's whole output after each step, as the
-engine reports it, and look at what each chunk would carry.
+chunks. Output checks feed `SampleOutput.update` a sample's tokens step by step, as the
+scheduler reports them, and compare the deltas with the tokenizer's own decode of the
+whole text (cut at the first stop string).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from types import ModuleType
 from typing import Any
 
+from minserve.messages import NewTokens
+from minserve.model.default_model import default_model_path
+from minserve.model.detokenizer import IncrementalDetokenizer
+from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.prefix_index import PrefixIndex
-from minserve.server.streaming import Sent
+from minserve.stop_strings import StopStringMatcher
 
 CHUNK = 4
 PROMPT = tuple(range(100, 112))  # 3 chunks of 4
@@ -98,81 +105,164 @@ def check_equal_replicas_take_turns(impl: ModuleType) -> None:
     )
 
 
-# --- exercise 9.2: new_piece, fed one choice's whole output after each step ---
+# --- exercise 9.2: SampleOutput.update, fed a sample's new tokens step by step ---
+
+TEXT = "Hello there, café 😀 world. The answer is 42. END of it"
 
 
-def _steps(impl: ModuleType, outputs: list[CompletionOutput]) -> list[tuple | None]:
-    """What new_piece gives after each step: (text, token ids, logprobs, finish) or None."""
-    sent, got = Sent(), []
-    for completion in outputs:
-        piece = impl.new_piece(3, completion, sent)
-        if piece is not None:
-            assert piece.index == 3, f"the piece should be for choice 3, got {piece.index}"
-            got.append((piece.text, piece.token_ids, piece.logprobs, piece.finish_reason))
-        else:
-            got.append(None)
-    return got
+@functools.cache
+def _tokenizer() -> Tokenizer:
+    return Tokenizer.from_gguf(default_model_path())
 
 
-def check_each_step_sends_only_what_is_new(impl: ModuleType) -> None:
-    """Outputs "Hi" then "Hi there": the second piece carries " there" and token 9 alone."""
-    got = _steps(impl, [CompletionOutput(0, "Hi", [5]), CompletionOutput(0, "Hi there", [5, 9])])
-    assert got == [("Hi", [5], None, None), (" there", [9], None, None)], (
-        f"expected ('Hi', [5]) then (' there', [9]); got {got}"
+def _sample(impl: ModuleType, stops: tuple[str, ...] = (), include: bool = False, logprobs=False):
+    tokenizer = _tokenizer()
+    prompt = tokenizer.encode("Q: say it. A:")
+    return impl.SampleOutput(
+        index=0,
+        detokenizer=IncrementalDetokenizer(tokenizer, prompt),
+        stops=StopStringMatcher(stops, include_stop_str_in_output=include),
+        with_logprobs=logprobs,
     )
 
 
-def check_a_held_back_token_still_sends_a_piece(impl: ModuleType) -> None:
-    """Token 226 is half of "é": a piece with its id and empty text; the text comes next."""
-    outputs = [CompletionOutput(0, "", [226]), CompletionOutput(0, "é", [226, 169])]
-    got = _steps(impl, outputs)
-    assert got == [("", [226], None, None), ("é", [169], None, None)], (
-        "a new token whose text is held back should still make a piece (text '', its id), "
-        f"so that the client sees it when it was sampled; got {got}"
+def _feed(
+    impl: ModuleType, token_ids: list[int], per_step: int, finish: tuple[str, int | None],
+    **options: Any,
+) -> tuple[Any, list[Any]]:  # fmt: skip
+    """Feed `token_ids`, `per_step` at a time (the scheduler's finish on the last step);
+    (the sample, every step's delta) up to the first finished delta."""
+    sample, deltas = _sample(impl, **options), []
+    steps = [token_ids[i : i + per_step] for i in range(0, len(token_ids), per_step)]
+    for i, ids in enumerate(steps):
+        last = i == len(steps) - 1
+        logprobs = tuple({t: -0.5 - t % 3} for t in ids)
+        new = NewTokens("r", 0, tuple(ids), logprobs, *(finish if last else (None, None)))
+        delta = sample.update(new)
+        assert isinstance(delta, CompletionOutput), (
+            f"update should return a CompletionOutput, got {delta!r}"
+        )
+        deltas.append(delta)
+        if delta.finish_reason is not None:
+            break
+    return sample, deltas
+
+
+def _joined(deltas: list[Any]) -> tuple[str, list[int]]:
+    return "".join(d.text for d in deltas), [t for d in deltas for t in d.token_ids]
+
+
+def check_the_deltas_add_up_to_the_decoded_text(impl: ModuleType) -> None:
+    """One token a step, to max_tokens: the deltas join to the tokenizer's decode of them.
+
+    Each delta carries exactly its step's token."""
+    ids = _tokenizer().encode(TEXT)
+    _, deltas = _feed(impl, ids, 1, ("length", None))
+    text, tokens = _joined(deltas)
+    assert tokens == ids, f"the deltas should carry every token once, in order; got {tokens}"
+    assert [d.token_ids for d in deltas] == [[t] for t in ids], "one token per step, one per delta"
+    assert text == _tokenizer().decode(ids), (
+        f"the deltas' text should join to decode(token ids) = {TEXT!r}; got {text!r}"
+    )
+    assert deltas[-1].finish_reason == "length", "the last delta carries the finish reason"
+
+
+def check_a_held_back_token_still_makes_a_delta(impl: ModuleType) -> None:
+    """The emoji is 2 tokens: the first one's delta has its id and no text; the next has "😀"."""
+    ids = _tokenizer().encode(TEXT)
+    _, deltas = _feed(impl, ids, 1, ("length", None))
+    texts = [d.text for d in deltas]
+    held = [i for i, text in enumerate(texts) if text == ""]
+    assert held and "😀" in texts[held[0] + 1], (
+        f"half a UTF-8 character shows no text yet (and no U+FFFD): expected an empty delta "
+        f"then one holding the emoji; got {texts}"
     )
 
 
-def check_nothing_new_sends_nothing(impl: ModuleType) -> None:
-    """The same output twice (another choice moved): None the second time."""
-    same = CompletionOutput(0, "Hi", [5])
-    got = _steps(impl, [same, CompletionOutput(0, "Hi", [5])])
-    assert got[1] is None, f"no new text or tokens: expected None, got {got[1]}"
-
-
-def check_the_finish_reason_goes_out_once(impl: ModuleType) -> None:
-    """The last token comes with finish_reason "length"; after that, nothing more."""
-    done = CompletionOutput(0, "Hi!", [5, 0], finish_reason="length")
-    got = _steps(impl, [CompletionOutput(0, "Hi", [5]), done, done])
-    assert got[1] == ("!", [0], None, "length") and got[2] is None, (
-        f"expected ('!', [0], finish 'length') and then None; got {got[1]} and {got[2]}"
+def check_several_tokens_a_step_give_the_same_text(impl: ModuleType) -> None:
+    """Accepted drafts give several tokens a step: 3 at a time joins to the same text."""
+    ids = _tokenizer().encode(TEXT)
+    _, deltas = _feed(impl, ids, 3, ("length", None))
+    assert _joined(deltas) == (_tokenizer().decode(ids), ids), (
+        f"3 tokens a step should give the same text and tokens as 1; got {_joined(deltas)}"
     )
 
 
-def check_finishing_without_new_tokens_still_says_so(impl: ModuleType) -> None:
-    """Stopped by a stop string that was cut out: nothing new, yet the finish reason goes out.
+def check_a_stop_string_cuts_the_text_and_the_tokens(impl: ModuleType) -> None:
+    """Stop string "END", 4 tokens a step: text and tokens end there, finish "stop", "END".
 
-    No new text or tokens, but the client must still get the finish and stop reasons."""
-    sent = Sent()
-    impl.new_piece(0, CompletionOutput(0, "Hi", [5]), sent)
-    stopped = CompletionOutput(0, "Hi", [5], finish_reason="stop", stop_reason="END")
-    piece = impl.new_piece(0, stopped, sent)
-    assert piece is not None and (piece.text, piece.token_ids) == ("", []), (
-        f"expected a piece with no text and no tokens, got {piece}"
+    The text stops before "END"; the token that completed it is the last one kept (the
+    rest of its step is dropped)."""
+    ids = _tokenizer().encode(TEXT)
+    sample, deltas = _feed(impl, ids, 4, ("length", None), stops=("END",))
+    text, tokens = _joined(deltas)
+    expected = TEXT[: TEXT.index("END")]
+    assert text == expected, f"expected the text cut before 'END', {expected!r}; got {text!r}"
+    end = next(i for i in range(len(ids)) if "END" in _tokenizer().decode(ids[: i + 1]))
+    assert tokens == ids[: end + 1], (
+        f"the tokens should end with the one that completed 'END' (token {ids[end]}); "
+        f"got {tokens[-3:]} at the end"
     )
-    assert (piece.finish_reason, piece.stop_reason) == ("stop", "END"), (
-        f"expected finish 'stop', stop reason 'END'; got {piece.finish_reason!r}, "
-        f"{piece.stop_reason!r}"
+    last = deltas[-1]
+    assert (last.finish_reason, last.stop_reason) == ("stop", "END"), (
+        f"expected finish 'stop', stop reason 'END'; got {last.finish_reason!r}, "
+        f"{last.stop_reason!r}"
     )
-    assert sent.finished, "after the finish reason went out, `sent.finished` should be True"
+    assert sample.finished, "record the finish on the sample (finish_reason)"
+
+
+def check_include_stop_str_in_output_keeps_it(impl: ModuleType) -> None:
+    """With include_stop_str_in_output the text ends with the stop string itself."""
+    ids = _tokenizer().encode(TEXT)
+    _, deltas = _feed(impl, ids, 1, ("length", None), stops=("END",), include=True)
+    expected = TEXT[: TEXT.index("END") + 3]
+    assert _joined(deltas)[0] == expected, f"expected {expected!r}, got {_joined(deltas)[0]!r}"
+
+
+def check_a_stop_token_shows_no_text_and_releases_what_was_held(impl: ModuleType) -> None:
+    """Finished on a stop token: it shows no text, and the held-back text comes out.
+
+    The stop token (EOS, id 2) is the last id; "42." was held back, as it could start the
+    stop string "42. ENX"."""
+    tokenizer = _tokenizer()
+    ids = tokenizer.encode("The answer is 42.") + [2]  # 2: the model's EOS
+    _, deltas = _feed(impl, ids, 1, ("stop", None), stops=("42. ENX",))
+    text, tokens = _joined(deltas)
+    assert tokens == ids, f"the stop token is kept among the token ids; got {tokens}"
+    assert text == "The answer is 42.", (
+        f"expected the held-back '42.' released and no text for the stop token; got {text!r}"
+    )
+    assert deltas[-1].finish_reason == "stop", "the scheduler's finish reason goes out"
+
+
+def check_length_releases_held_back_text(impl: ModuleType) -> None:
+    """Finished at max_tokens: text held back for a stop string comes out with the last delta.
+
+    "42. END" could start the stop string "42. ENX" until the end."""
+    tokenizer = _tokenizer()
+    ids = tokenizer.encode("The answer is 42. END")
+    _, deltas = _feed(impl, ids, 1, ("length", None), stops=("42. ENX",))
+    assert _joined(deltas)[0] == "The answer is 42. END", (
+        f"the held-back text should be released at the end; got {_joined(deltas)[0]!r}"
+    )
 
 
 def check_logprobs_travel_with_their_tokens(impl: ModuleType) -> None:
-    """With logprobs, each piece carries the new tokens' entries, in step with token_ids."""
-    first = CompletionOutput(0, "Hi", [5], logprobs=[{5: -0.1}])
-    second = CompletionOutput(0, "Hi there", [5, 9], logprobs=[{5: -0.1}, {9: -0.7, 4: -1.2}])
-    got = _steps(impl, [first, second])
-    assert got[1] == (" there", [9], [{9: -0.7, 4: -1.2}], None), (
-        f"the second piece should carry token 9's logprobs only, got {got[1]}"
+    """With logprobs: each delta has its tokens' entries and the running sum; without: None."""
+    ids = _tokenizer().encode("The answer is 42.")
+    _, deltas = _feed(impl, ids, 2, ("length", None), logprobs=True)
+    running = 0.0
+    for delta in deltas:
+        want = [{t: -0.5 - t % 3} for t in delta.token_ids]
+        assert delta.logprobs == want, f"expected logprobs {want}, got {delta.logprobs}"
+        running += sum(-0.5 - t % 3 for t in delta.token_ids)
+        assert math.isclose(delta.cumulative_logprob or 0.0, running, abs_tol=1e-9), (
+            f"cumulative_logprob should be the sum over every token so far ({running}), "
+            f"got {delta.cumulative_logprob}"
+        )
+    _, plain = _feed(impl, ids, 2, ("length", None))
+    assert all(d.logprobs is None and d.cumulative_logprob is None for d in plain), (
+        "without logprobs asked for, logprobs and cumulative_logprob are None"
     )
 
 
@@ -186,10 +276,12 @@ CHECKS = [
     check_busier_by_exactly_the_threshold_still_wins,
     check_only_candidates_are_chosen,
     check_equal_replicas_take_turns,
-    check_each_step_sends_only_what_is_new,
-    check_a_held_back_token_still_sends_a_piece,
-    check_nothing_new_sends_nothing,
-    check_the_finish_reason_goes_out_once,
-    check_finishing_without_new_tokens_still_says_so,
+    check_the_deltas_add_up_to_the_decoded_text,
+    check_a_held_back_token_still_makes_a_delta,
+    check_several_tokens_a_step_give_the_same_text,
+    check_a_stop_string_cuts_the_text_and_the_tokens,
+    check_include_stop_str_in_output_keeps_it,
+    check_a_stop_token_shows_no_text_and_releases_what_was_held,
+    check_length_releases_held_back_text,
     check_logprobs_travel_with_their_tokens,
 ]

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from minserve.disagg.kv_transfer import TorchKVTransfer
 from minserve.disagg.kv_wire import HOST
 from minserve.disagg.pd_worker import admit, receive_into_blocks
-from minserve.disagg.token_deltas import DeltaReporter
+from minserve.disagg.token_deltas import delta_json
 from minserve.disagg.topology import PROXY_RANK
 from minserve.disagg.wire import recv_command, send_json
 from minserve.engine import LLMEngine
@@ -52,12 +52,10 @@ class DecodeInstance:
         self.engine = engine
         self.kv_device = kv_device  # where KV arrives: this rank's GPU with NCCL, else the host
         self.transfers: dict[int, TorchKVTransfer] = {}
-        self.deltas = DeltaReporter()
 
     def round(self, command: dict[str, Any]) -> dict[str, Any]:
         for request_id in command["abort"]:
             self.engine.abort_request(request_id)
-            self.deltas.forget(request_id)
         admitted, lost = [], []
         for rank in command["receive_from"]:
             try:
@@ -65,8 +63,8 @@ class DecodeInstance:
             except HandOffLostError as error:
                 lost += error.request_ids
         outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
-        reported = [self.deltas.report(o) for o in outputs]
         stats = self.engine.get_metrics()
+        reported = [delta_json(o) for o in outputs]
         return {"outputs": reported, "admitted": admitted, "lost": lost, "stats": stats}
 
     def receive_from(self, rank: int) -> list[list]:
@@ -86,6 +84,4 @@ class DecodeInstance:
             for offer in offers:
                 self.engine.abort_request(offer.request_id)  # frees what was allocated
             raise HandOffLostError([o.request_id for o in offers]) from None
-        for seq, _ in admitted:
-            self.deltas.already_reported(seq)
         return [[seq.request.request_id, accepted] for seq, accepted in admitted]

@@ -40,6 +40,7 @@ def add_prefilled(
 ) -> Sequence:
     """Continue a request another instance prefilled (its first token given).
 
+    The first token is not shown again: the engine's deltas start with the token after it.
     with_kv: blocks for the prompt are allocated now (the caller writes the transferred KV
     into `seq.block_table.blocks` with `engine.worker.write_blocks`) and the next step
     decodes; else the prompt is recomputed here.
@@ -52,8 +53,9 @@ def add_prefilled(
         )
     engine.add_request(request_id, None, prompt_token_ids, params)
     (seq,) = engine.scheduler.sequences_of(request_id)
-    engine.scheduler.resume(seq, first_token, len(prompt_token_ids) if with_kv else 0)
+    first = engine.scheduler.resume(seq, first_token, len(prompt_token_ids) if with_kv else 0)
     if seq.sample.finished:
         engine.abort_request(request_id)
         raise ValueError(f"request {request_id!r} already finished with its first token")
+    engine.output_processor.process([first])  # its text state; the prefill side showed it
     return seq

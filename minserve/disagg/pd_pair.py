@@ -6,8 +6,9 @@ round, overlapping the two phases:
 
     rank 0 (prefill + proxy)                   rank 1 (decode)
     hand off last round's prefills (KVTransfer) -> admit, ack, receive KV
-    one prefill step                           one decode step
-    receive finished requests  <-------------  send finished requests
+    one prefill step (first tokens)            one decode step
+    receive finished requests  <-------------  send finished requests (the tokens after
+                                               the first), added to the first token here
 
 A request whose first token already ends it never leaves rank 0. Per request, the
 transfer-versus-recompute rule (`transfer_rule.py`) picks whether its KV moves or the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import queue
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +37,7 @@ from minserve.disagg.wire import recv_json, send_json
 from minserve.distributed.group import free_port
 from minserve.engine import observe_steps
 from minserve.llm import LLM
-from minserve.outputs import CompletionOutput, RequestOutput
-from minserve.request import Request
+from minserve.outputs import CompletionOutput, OutputAccumulator, RequestOutput
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.sequence import Sequence
 
@@ -100,36 +101,30 @@ class PrefillDecodePair:
             raise ValueError("disaggregated serving supports n=1 without logprobs for now")
         engine = self.llm.engine
         assert engine is not None
-        requests = []
-        for prompt in prompts:
-            text, ids = self.llm._tokenize(prompt)
-            requests.append(engine.add_request(f"pd-{next(self._ids)}", text, ids, params))
-        done: dict[str, RequestOutput] = {}
+        request_ids = [f"pd-{next(self._ids)}" for _ in prompts]
+        for request_id, prompt in zip(request_ids, prompts):
+            engine.add_request(request_id, *self.llm._tokenize(prompt), params)
+        whole = OutputAccumulator()
         try:
-            self._serve(requests, done)
+            leaving: list[Sequence] = []
+            while not all(_finished(whole, request_id) for request_id in request_ids):
+                leaving = self.run_round(leaving, whole)
         except (RuntimeError, dist.DistError) as error:
-            for request in requests:
-                engine.abort_request(request.request_id)  # frees what rank 0 still holds
-            raise self._failed(error, len(requests) - len(done)) from error
-        return [done[r.request_id] for r in requests]
+            for request_id in request_ids:
+                engine.abort_request(request_id)  # frees what rank 0 still holds
+            lost = sum(not _finished(whole, request_id) for request_id in request_ids)
+            raise self._failed(error, lost) from error
+        return [whole.outputs[request_id] for request_id in request_ids]
 
-    def _serve(self, requests: list[Request], done: dict[str, RequestOutput]) -> None:
-        by_id = {r.request_id: r for r in requests}
-        leaving: list[Sequence] = []
-        while len(done) < len(requests):
-            leaving, results = self.run_round(leaving, done)
-            for result in results:
-                done[result["request_id"]] = _output(by_id[result["request_id"]], result)
-
-    def run_round(
-        self, leaving: list[Sequence], done: dict[str, RequestOutput]
-    ) -> tuple[list[Sequence], list[dict[str, Any]]]:
-        """One round: hand off last round's prefills, one prefill step (requests done with
-        their first token go to `done`), then the decode side's finished results (JSON).
-        Returns the sequences to hand off next round, and those results."""
+    def run_round(self, leaving: list[Sequence], whole: OutputAccumulator) -> list[Sequence]:
+        """One round: hand off last round's prefills, one prefill step (first tokens), then
+        the decode side's finished requests; every output is added to `whole`. Returns the
+        sequences to hand off next round."""
         self._hand_off(leaving)
-        leaving = self._prefill_step(done)
-        return leaving, recv_json(DECODE_RANK)
+        leaving = self._prefill_step(whole)
+        for result in recv_json(DECODE_RANK):
+            whole.add(_decoded(whole.outputs[result["request_id"]], result))
+        return leaving
 
     def _hand_off(self, leaving: list[Sequence]) -> None:
         """Offer, get acks, send accepted KV, then free rank 0's copies."""
@@ -150,7 +145,7 @@ class PrefillDecodePair:
         self.decisions[request.request_id] = decision
         return KVOffer.of(seq, decision.transfer)
 
-    def _prefill_step(self, done: dict[str, RequestOutput]) -> list[Sequence]:
+    def _prefill_step(self, whole: OutputAccumulator) -> list[Sequence]:
         """One step of the prefill engine; requests that got their first token leave it."""
         engine = self.llm.engine
         if not engine.has_unfinished_requests():
@@ -162,9 +157,8 @@ class PrefillDecodePair:
             self.rule.observe_prefill(batch.num_batched_tokens, forward)
         leaving = []
         for output in outputs:
-            if output.finished:
-                done[output.request_id] = output
-            else:
+            whole.add(output)
+            if not output.finished:
                 leaving.append(detach_prefilled(engine, output.request_id))
         return leaving
 
@@ -202,13 +196,20 @@ class PrefillDecodePair:
         self.shutdown()
 
 
-def _output(request: Request, result: dict[str, Any]) -> RequestOutput:
-    """A decode instance's JSON result as the `RequestOutput` LLM.generate would return."""
-    request.record_token_time()
+def _finished(whole: OutputAccumulator, request_id: str) -> bool:
+    output = whole.outputs.get(request_id)
+    return output is not None and output.finished
+
+
+def _decoded(first: RequestOutput, result: dict[str, Any]) -> RequestOutput:
+    """A decode instance's JSON result (the tokens after the first) as the delta that
+    completes `first`, the request's output from the prefill step."""
+    assert first.metrics is not None
+    first.metrics.finished_time = time.monotonic()
     completion = CompletionOutput(
         0, result["text"], result["token_ids"], result["finish_reason"], result["stop_reason"]
     )
     return RequestOutput(
-        request.request_id, request.prompt, list(request.prompt_token_ids), [completion],
-        finished=True, metrics=request.metrics,
+        first.request_id, first.prompt, first.prompt_token_ids, [completion], finished=True,
+        metrics=first.metrics,
     )  # fmt: skip

@@ -24,7 +24,7 @@ from minserve.disagg.kv_wire import KVWire, instance_gpu
 from minserve.disagg.transfer_rule import measure_link
 from minserve.disagg.wire import recv_json, send_json
 from minserve.engine import LLMEngine
-from minserve.outputs import RequestOutput
+from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.scheduler.sequence import Sequence
 
 PREFILL_RANK, DECODE_RANK = 0, 1
@@ -80,6 +80,7 @@ def decode_main(spec: PairSpec, status: Any) -> None:
 
 def serve_decode(engine: LLMEngine, transfer: TorchKVTransfer) -> None:
     """Rounds until rank 0 says stop: hand-offs in, one decode step, finished requests out."""
+    whole = OutputAccumulator()
     while not recv_json(PREFILL_RANK)["stop"]:
         offers = transfer.receive_offers()
         admitted = [admit(engine, offer) for offer in offers]
@@ -88,7 +89,11 @@ def serve_decode(engine: LLMEngine, transfer: TorchKVTransfer) -> None:
             if accepted:
                 receive_into_blocks(engine, transfer, seq)
         outputs = engine.step() if engine.has_unfinished_requests() else []
-        send_json([finished_json(o) for o in outputs if o.finished], PREFILL_RANK)
+        finished = [whole.add(o) for o in outputs]  # the tokens after the first one
+        send_json([finished_json(o) for o in finished if o.finished], PREFILL_RANK)
+        for output in outputs:
+            if output.finished:
+                del whole.outputs[output.request_id]
 
 
 # >>> exercise 8.2: the decode side of the KV hand-off

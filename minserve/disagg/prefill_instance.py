@@ -26,7 +26,7 @@ import torch.distributed as dist
 from minserve.disagg.engine_hooks import detach_prefilled
 from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
 from minserve.disagg.kv_wire import HOST
-from minserve.disagg.token_deltas import DeltaReporter
+from minserve.disagg.token_deltas import delta_json
 from minserve.disagg.topology import PROXY_RANK
 from minserve.disagg.transfer_rule import TransferRule
 from minserve.disagg.wire import recv_command, send_json
@@ -62,7 +62,6 @@ class PrefillInstance:
         self.rules = {d: TransferRule(*link, policy=policy) for d, link in links.items()}
         self.transfers = {d: TorchKVTransfer(d, device=kv_device) for d in links}
         self.leaving: dict[str, Sequence] = {}
-        self.deltas = DeltaReporter()
 
     def round(self, command: dict[str, Any]) -> dict[str, Any]:
         for request_id in command["abort"]:
@@ -84,7 +83,6 @@ class PrefillInstance:
             self.engine.scheduler.free_detached(seq)
         else:
             self.engine.abort_request(request_id)
-        self.deltas.forget(request_id)
 
     def hand_off(self, sends: list[list]) -> tuple[list[dict], list[str]]:
         """Each destination in rank order (every rank walks the pairs in one global order)."""
@@ -131,9 +129,6 @@ class PrefillInstance:
         for record, rule in itertools.product(records, self.rules.values()):
             rule.observe_prefill(record.scheduler_output.num_batched_tokens, record.timings.forward)
         leaving = [o.request_id for o in outputs if not o.finished]
-        for request_id in leaving:
+        for request_id in leaving:  # its decode instance reports the tokens after this one
             self.leaving[request_id] = detach_prefilled(self.engine, request_id)
-        reported = [self.deltas.report(o) for o in outputs]
-        for request_id in leaving:
-            self.deltas.forget(request_id)  # its decode instance reports from here on
-        return reported, leaving
+        return [delta_json(o) for o in outputs], leaving

@@ -5,7 +5,7 @@ It has the interface the server's `AsyncEngine` drives (`add_request`, `abort_re
 streams through it exactly as through a colocated `LLMEngine`. One `step()` is one round
 (docs/distributed.md draws it): place requests on the least-loaded instances, command every
 live instance (abort, add, hand off KV), and collect each one's report of new tokens, so
-the step returns every request's tokens so far and the server streams them.
+the step returns each request's delta (`token_deltas.py`) and the server streams them.
 
 A dead instance (its socket closes, or a report takes longer than the step timeout) costs
 only the requests it held: `step()` raises `RequestsFailedError` naming them, with the
@@ -142,7 +142,7 @@ class DisaggregatedEngine:
                 send_json(command, rank, self.control)
             except (RuntimeError, dist.DistError) as error:
                 self._instance_died(rank, error, lost)
-        progressed: dict[str, RemoteRequest] = {}
+        deltas: list[RequestOutput] = []
         for rank in commands:
             if rank not in self.alive:
                 continue
@@ -151,9 +151,9 @@ class DisaggregatedEngine:
             except (RuntimeError, dist.DistError) as error:
                 self._instance_died(rank, error, lost)
                 continue
-            self._apply(rank, report, progressed, lost)
+            self._apply(rank, report, deltas, lost)
         self._lost_in_transit(sends, lost)
-        outputs = self._outputs(progressed, lost)
+        outputs = self._outputs(deltas, lost)
         if lost:
             reasons = "; ".join(sorted(set(lost.values())))
             raise RequestsFailedError(reasons, list(lost), outputs)
@@ -189,15 +189,14 @@ class DisaggregatedEngine:
         return sends
 
     def _apply(
-        self, rank: int, report: dict, progressed: dict[str, RemoteRequest], lost: dict[str, str]
+        self, rank: int, report: dict, deltas: list[RequestOutput], lost: dict[str, str]
     ) -> None:
         self.instance_stats[rank] = report["stats"]
-        for delta in report["outputs"]:
-            request = self.requests.get(delta["id"])
+        for reported in report["outputs"]:
+            request = self.requests.get(reported["id"])
             if request is not None:
-                request.apply(delta)
-                self.counters["generation_tokens"] += len(delta["token_ids"])
-                progressed[request.request_id] = request
+                deltas.append(request.delta(reported))
+                self.counters["generation_tokens"] += len(reported["token_ids"])
         self._leaving[rank] += [r for r in report.get("leaving", []) if r in self.requests]
         self._admitted.update(request_id for request_id, _ in report.get("admitted", []))
         for decision in report.get("decisions", []):
@@ -214,18 +213,14 @@ class DisaggregatedEngine:
                         lost.setdefault(request_id, f"prefill rank {rank} died handing it off")
         self._admitted.clear()
 
-    def _outputs(
-        self, progressed: dict[str, RemoteRequest], lost: dict[str, str]
-    ) -> list[RequestOutput]:
-        outputs = []
+    def _outputs(self, deltas: list[RequestOutput], lost: dict[str, str]) -> list[RequestOutput]:
+        """This round's deltas of the requests not lost; finished ones are forgotten."""
         for request_id in lost:
             self.requests.pop(request_id, None)
-        for request_id, request in progressed.items():
-            if request_id in lost:
-                continue
-            outputs.append(request.to_output())
-            if request.finished:
-                del self.requests[request_id]
+        outputs = [d for d in deltas if d.request_id not in lost]
+        for delta in outputs:
+            if delta.finished:
+                del self.requests[delta.request_id]
                 self.counters["num_requests_finished"] += 1
         return outputs
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from minserve.disagg.simulator import RequestTimes, SimResult
 from minserve.disagg.workload import SimRequest
 from minserve.engine import LLMEngine
-from minserve.request import Request
+from minserve.outputs import OutputAccumulator, RequestMetrics
 from minserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -31,17 +31,19 @@ def replay(engine: LLMEngine, workload: list[SimRequest]) -> SimResult:
         raise ValueError("replay on an idle engine: it has requests in flight")
     vocab = engine.loaded.config.vocab_size
     pending = sorted(workload, key=lambda r: r.arrival_s)
-    started: list[tuple[float, SimRequest, Request]] = []
+    started: list[tuple[float, SimRequest, str]] = []
+    whole = OutputAccumulator()
     start = time.monotonic()
     while pending or engine.has_unfinished_requests():
         now = time.monotonic() - start
         while pending and pending[0].arrival_s <= now:
             started.append(_add(engine, pending.pop(0), len(started), start, vocab))
         if engine.has_unfinished_requests():
-            engine.step()
+            for delta in engine.step():
+                whole.add(delta)
         elif pending:
             time.sleep(max(0.0, pending[0].arrival_s - (time.monotonic() - start)))
-    return SimResult(tuple(_times(*entry) for entry in started))
+    return SimResult(tuple(_times(a, spec, _metrics(whole, rid)) for a, spec, rid in started))
 
 
 def replay_pair(pair: PrefillDecodePair, workload: list[SimRequest]) -> SimResult:
@@ -55,44 +57,42 @@ def replay_pair(pair: PrefillDecodePair, workload: list[SimRequest]) -> SimResul
         raise ValueError("replay on an idle pair: it has requests in flight")
     vocab = engine.loaded.config.vocab_size
     pending = sorted(workload, key=lambda r: r.arrival_s)
-    started: list[tuple[float, SimRequest, Request]] = []
-    done: dict[str, object] = {}  # request id -> its output (the pair's loop fills it)
-    finished: dict[str, float] = {}  # request id -> when its last token got here
+    started: list[tuple[float, SimRequest, str]] = []
+    whole = OutputAccumulator()  # request id -> its output (the pair's rounds fill it)
     leaving: list = []  # sequences whose prefill finished last round, to hand off
     start = time.monotonic()
-    while pending or len(finished) < len(started):
+
+    def num_finished() -> int:
+        return sum(out.finished for out in whole.outputs.values())
+
+    while pending or num_finished() < len(started):
         while pending and pending[0].arrival_s <= time.monotonic() - start:
             started.append(_add(engine, pending.pop(0), len(started), start, vocab))
-        if len(finished) == len(started) and not leaving:  # idle until the next arrival
+        if num_finished() == len(started) and not leaving:  # idle until the next arrival
             time.sleep(max(0.0, pending[0].arrival_s - (time.monotonic() - start)))
             continue
-        leaving, results = pair.run_round(leaving, done)
-        done.update((r["request_id"], r) for r in results)
-        now = time.monotonic()
-        finished.update((rid, now) for rid in done if rid not in finished)
-    return SimResult(tuple(_pair_times(entry, finished) for entry in started))
+        leaving = pair.run_round(leaving, whole)
+    return SimResult(tuple(_times(a, spec, _metrics(whole, rid)) for a, spec, rid in started))
 
 
 def _add(
     engine: LLMEngine, spec: SimRequest, index: int, start: float, vocab: int
-) -> tuple[float, SimRequest, Request]:
+) -> tuple[float, SimRequest, str]:
     """Add one workload request (made-up prompt ids, greedy, exact output length)."""
     prompt = [(7 * i + 3 * index) % vocab for i in range(spec.prompt_len)]
     params = SamplingParams(temperature=0, max_tokens=spec.output_len, ignore_eos=True)
-    request = engine.add_request(f"replay-{index}", None, prompt, params)
-    return start + spec.arrival_s, spec, request
+    request_id = f"replay-{index}"
+    engine.add_request(request_id, None, prompt, params)
+    return start + spec.arrival_s, spec, request_id
 
 
-def _times(arrival: float, spec: SimRequest, request: Request) -> RequestTimes:
-    metrics = request.metrics
+def _metrics(whole: OutputAccumulator, request_id: str) -> RequestMetrics:
+    metrics = whole.outputs[request_id].metrics
+    assert metrics is not None
+    return metrics
+
+
+def _times(arrival: float, spec: SimRequest, metrics: RequestMetrics) -> RequestTimes:
+    """A request's measured times (for a pair: its finish is when its last token got here)."""
     assert metrics.first_token_time is not None and metrics.finished_time is not None
     return RequestTimes(arrival, metrics.first_token_time, metrics.finished_time, spec.output_len)
-
-
-def _pair_times(
-    entry: tuple[float, SimRequest, Request], finished: dict[str, float]
-) -> RequestTimes:
-    arrival, spec, request = entry
-    assert request.metrics.first_token_time is not None
-    first, last = request.metrics.first_token_time, finished[request.request_id]
-    return RequestTimes(arrival, first, last, spec.output_len)

@@ -74,4 +74,4 @@ class Sequence:
 
     @property
     def arrival_time(self) -> float:
-        return self.request.metrics.arrival_time
+        return self.request.arrival_time

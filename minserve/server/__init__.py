@@ -3,7 +3,7 @@
 protocol.py      request bodies (strict pydantic models)
 async_engine.py  the engine thread; per-request asyncio queues
 serving.py       completions and chat handlers, streaming and not
-streaming.py     cumulative outputs -> deltas a client has not seen
+streaming.py     engine deltas -> numbered stream pieces; usage counts
 responses.py     OpenAI response shapes, usage, logprobs
 errors.py        OpenAI error bodies, body-size cap, API key
 metrics.py       Prometheus metrics

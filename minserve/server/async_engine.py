@@ -81,7 +81,7 @@ class RequestStream:
         self._unfinished = set(request_ids)
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, cumulative output) each time a request gets new tokens."""
+        """(prompt index, delta) each time a request gets new tokens."""
         while self._unfinished:
             item = await self._sink.queue.get()
             if isinstance(item, BaseException):

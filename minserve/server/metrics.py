@@ -15,7 +15,7 @@ speculative decoding on, drafts and accepted tokens) are read from the engine's 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -67,6 +67,7 @@ class _Timing:
     arrival: float
     first: float | None = None
     last: float | None = None
+    tokens: dict[int, int] = field(default_factory=dict)  # sample index -> tokens so far
 
 
 class _EngineCollector(Collector):
@@ -126,7 +127,7 @@ class ServerMetrics:
             self.forget(request_id)
 
     def observe(self, output: RequestOutput, now: float) -> None:
-        """A request got new tokens at `now` (time.monotonic)."""
+        """A request got new tokens at `now` (time.monotonic); `output` is the step's delta."""
         timing = self._timings.get(output.request_id)
         if timing is None:
             return
@@ -136,9 +137,11 @@ class ServerMetrics:
         else:
             self.itl.observe(now - timing.last)
         timing.last = now
+        for c in output.outputs:
+            timing.tokens[c.index] = timing.tokens.get(c.index, 0) + len(c.token_ids)
         if output.finished:
             del self._timings[output.request_id]
             self.e2e.observe(now - timing.arrival)
-            longest = max(len(c.token_ids) for c in output.outputs)
+            longest = max(timing.tokens.values())
             if longest > 1:
                 self.tpot.observe((now - timing.first) / (longest - 1))

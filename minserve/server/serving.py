@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from minserve.errors import PromptTooLongError
 from minserve.model.tokenizer import Tokenizer
+from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.policy import priority_value
 from minserve.server.async_engine import (
@@ -33,7 +34,7 @@ from minserve.server.async_engine import (
 from minserve.server.errors import APIError, check_api_key, from_validation, read_json_body
 from minserve.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
 from minserve.server.responses import ChatFormat, ChoiceFormat, CompletionFormat, sse, usage
-from minserve.server.streaming import DeltaTracker, whole_pieces
+from minserve.server.streaming import ChoiceStream, token_counts, whole_pieces
 
 Prompt = tuple[str | None, list[int]]  # (text if given as text, token ids)
 
@@ -91,14 +92,14 @@ class OpenAIServing:
         response_id = f"{kind}-{uuid.uuid4().hex}"
         model = self.config.model_name
         if body.stream:
-            events = _events(stream, DeltaTracker(params.n), fmt, response_id, model, body)
+            events = _events(stream, ChoiceStream(params.n), fmt, response_id, model, body)
             return StreamingResponse(events, media_type="text/event-stream")
-        tracker = DeltaTracker(params.n)
-        finished = await self._wait_unless_disconnected(request, _drain(stream, tracker))
+        outputs: dict[int, RequestOutput] = {}  # prompt index -> its whole output
+        finished = await self._wait_unless_disconnected(request, _drain(stream, outputs))
         if not finished:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed"
-        choices = [fmt.choice(p) for p in whole_pieces(tracker.latest, params.n)]
-        counts = usage(tracker.prompt_tokens(), tracker.completion_tokens())
+        choices = [fmt.choice(p) for p in whole_pieces(outputs, params.n)]
+        counts = usage(*token_counts(outputs))
         return JSONResponse(fmt.body(response_id, model, fmt.object, choices=choices, usage=counts))
 
     def _check_model(self, name: str | None) -> None:
@@ -142,26 +143,29 @@ class OpenAIServing:
         return True
 
 
-async def _drain(stream: RequestStream, tracker: DeltaTracker) -> None:
+async def _drain(stream: RequestStream, outputs: dict[int, RequestOutput]) -> None:
+    """Add up every prompt's deltas into `outputs` (prompt index -> whole output)."""
+    whole = OutputAccumulator()
     try:
-        async for prompt_index, output in stream:
-            tracker.latest[prompt_index] = output
+        async for prompt_index, delta in stream:
+            outputs[prompt_index] = whole.add(delta)
     finally:
         stream.abort()
 
 
 async def _events(
-    stream: RequestStream, tracker: DeltaTracker, fmt: ChoiceFormat, response_id: str,
+    stream: RequestStream, choices: ChoiceStream, fmt: ChoiceFormat, response_id: str,
     model: str, body: _SamplingRequest,
 ) -> AsyncIterator[str]:  # fmt: skip
-    """SSE chunks; the final usage chunk (stream_options.include_usage) has no choices."""
+    """SSE chunks, one per choice per step's delta; the final usage chunk
+    (stream_options.include_usage) has no choices."""
     try:
-        async for prompt_index, output in stream:
-            for piece, first in tracker.update(prompt_index, output):
+        async for prompt_index, delta in stream:
+            for piece, first in choices.pieces(prompt_index, delta):
                 choice = fmt.chunk_choice(piece, first)
                 yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[choice]))
         if body.include_usage:
-            counts = usage(tracker.prompt_tokens(), tracker.completion_tokens())
+            counts = usage(choices.prompt_tokens, choices.completion_tokens)
             yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[], usage=counts))
     except Exception as error:  # headers are sent: report in-band, as OpenAI does
         yield sse(_generation_failed(error).body())

@@ -1,100 +1,59 @@
-"""From cumulative engine outputs to what a client has not seen yet.
+"""From engine deltas to numbered choices: the pieces a stream sends, and the usage counts.
 
-The engine reports each request's whole output so far; a stream sends only the new part.
-`DeltaTracker` remembers, per choice, how much text and how many tokens were sent.
-Every step that produced tokens sends a piece, as vLLM does: text held back by the
-detokenizer (half a UTF-8 character, a possible stop string) makes a piece with the new
-token ids and logprobs but empty text; the text follows with a later piece. So a client
-sees each token when it was sampled (TTFT and ITL as vLLM's `bench serve` measures them).
+Each engine step gives one delta per request that got tokens (a `RequestOutput` holding
+this step's text, token ids and logprobs, `minserve/output_processor.py`). A stream sends
+each delta's completions as they are, one piece per choice, numbered across the prompts of
+the HTTP request: choice index = prompt index * n + sample index. A token whose text is
+held back (half a UTF-8 character, a possible stop string) still makes a piece, with its
+token id and empty text, so a client sees every token when it was sampled (TTFT and ITL as
+vLLM's `bench serve` measures them); the text follows with a later piece.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from minserve.outputs import CompletionOutput, RequestOutput
 from minserve.server.responses import Piece
 
 
-@dataclass
-class Sent:
-    """What one choice's stream has sent so far."""
-
-    chars: int = 0  # of the choice's text
-    tokens: int = 0  # of its token ids (and logprobs)
-    finished: bool = False  # its finish_reason went out: nothing more to send
-    started: bool = False  # its first piece went out (chat: that one carries the role)
+def piece_of(index: int, completion: CompletionOutput) -> Piece:
+    """One choice's completion (a delta, or a whole output) as the piece for choice `index`."""
+    c = completion
+    return Piece(index, c.text, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason)
 
 
-class DeltaTracker:
-    """New pieces of every choice; choice index = prompt index * n + sample index."""
+class ChoiceStream:
+    """Numbers the deltas of one HTTP request's prompts, and counts the tokens for `usage`."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self._sent: dict[int, Sent] = {}
-        self.latest: dict[int, RequestOutput] = {}  # prompt index -> its newest output
+        self._started: set[int] = set()  # choices whose first piece went out (chat: the role)
+        self._prompt_tokens: dict[int, int] = {}  # prompt index -> its length
+        self.completion_tokens = 0
 
-    def update(self, prompt_index: int, output: RequestOutput) -> list[tuple[Piece, bool]]:
-        """(piece, is the choice's first piece) for every choice with something new."""
-        self.latest[prompt_index] = output
+    def pieces(self, prompt_index: int, delta: RequestOutput) -> list[tuple[Piece, bool]]:
+        """(piece, is the choice's first piece) for every completion of the delta."""
+        self._prompt_tokens[prompt_index] = len(delta.prompt_token_ids)
         pieces = []
-        for completion in output.outputs:
+        for completion in delta.outputs:
             index = prompt_index * self.n + completion.index
-            sent = self._sent.setdefault(index, Sent())
-            piece = new_piece(index, completion, sent)
-            if piece is not None:
-                pieces.append((piece, not sent.started))
-                sent.started = True
+            self.completion_tokens += len(completion.token_ids)
+            pieces.append((piece_of(index, completion), index not in self._started))
+            self._started.add(index)
         return pieces
 
-    def completion_tokens(self) -> int:
-        return sum(len(c.token_ids) for out in self.latest.values() for c in out.outputs)
-
+    @property
     def prompt_tokens(self) -> int:
-        return sum(len(out.prompt_token_ids) for out in self.latest.values())
-
-
-# >>> exercise 9.2: from cumulative outputs to streamed pieces
-def new_piece(index: int, completion: CompletionOutput, sent: Sent) -> Piece | None:
-    """The part of `completion` (the choice's whole output so far) not sent yet, as the
-    Piece for choice `index`; None when there is nothing new or the choice has finished.
-
-    A piece carries the new text, the new token ids and their logprobs (None if the
-    request asked for none), and the finish and stop reasons. There is a piece whenever
-    there are new tokens, even when their text is empty (the detokenizer holds back half a
-    UTF-8 character), and when the choice has just finished (the piece carries the finish
-    reason). Update `sent` as you go: chars, tokens, and finished once the finish reason
-    is out (`started` is the caller's).
-    """
-    # >>> solution
-    if sent.finished:
-        return None
-    text = completion.text[sent.chars :]
-    finishing = completion.finish_reason is not None
-    if not text and len(completion.token_ids) == sent.tokens and not finishing:
-        return None  # nothing new (another choice of the same prompt moved)
-    logprobs = completion.logprobs
-    piece = Piece(
-        index=index,
-        text=text,
-        token_ids=completion.token_ids[sent.tokens :],
-        logprobs=None if logprobs is None else logprobs[sent.tokens :],
-        finish_reason=completion.finish_reason,
-        stop_reason=completion.stop_reason,
-    )
-    sent.chars, sent.tokens = len(completion.text), len(completion.token_ids)
-    sent.finished = finishing
-    return piece
-    # <<< solution
-
-
-# <<< exercise
+        return sum(self._prompt_tokens.values())
 
 
 def whole_pieces(outputs: dict[int, RequestOutput], n: int) -> list[Piece]:
-    """Every choice complete, in index order (a non-streaming response)."""
-    return [
-        Piece(p * n + c.index, c.text, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason)
-        for p in sorted(outputs)
-        for c in outputs[p].outputs
-    ]
+    """Every choice complete, in index order (a non-streaming response); `outputs` maps each
+    prompt index to its whole output (`OutputAccumulator`)."""
+    return [piece_of(p * n + c.index, c) for p in sorted(outputs) for c in outputs[p].outputs]
+
+
+def token_counts(outputs: dict[int, RequestOutput]) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) of whole outputs, for `usage`."""
+    prompt = sum(len(out.prompt_token_ids) for out in outputs.values())
+    completion = sum(len(c.token_ids) for out in outputs.values() for c in out.outputs)
+    return prompt, completion

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from minserve.engine import LLMEngine, observe_steps
-from minserve.outputs import RequestOutput
+from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.sampling_params import SamplingParams
 
 
@@ -172,7 +172,7 @@ class _Recorder:
         self.clock = clock  # wall time; time.process_time counts only this process's CPU time
         self.trace = StepTrace()
         self._added: list[str] = []
-        self._seen: dict[str, int] = {}  # tokens seen so far per request
+        self._whole = OutputAccumulator()  # each request's output so far
 
     def add(self, arrival: Arrival) -> None:
         ids = list(arrival.prompt_token_ids)
@@ -200,14 +200,12 @@ class _Recorder:
         )
         self._added = []
 
-    def _new_tokens(self, output: RequestOutput) -> list[str]:
+    def _new_tokens(self, delta: RequestOutput) -> list[str]:
         """The request's id once per token it got this step."""
-        produced = sum(len(c.token_ids) for c in output.outputs)
-        new = produced - self._seen.get(output.request_id, 0)
-        self._seen[output.request_id] = produced
-        if output.finished:
-            self.trace.outputs[output.request_id] = output
-        return [output.request_id] * new
+        whole = self._whole.add(delta)
+        if whole.finished:
+            self.trace.outputs[delta.request_id] = whole
+        return [delta.request_id] * sum(len(c.token_ids) for c in delta.outputs)
 
     def run_until_done(self) -> None:
         while self.engine.has_unfinished_requests():

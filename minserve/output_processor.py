@@ -1,0 +1,191 @@
+"""The output processor: new token ids in, what the caller sees out (vLLM v1's OutputProcessor).
+
+After each step the scheduler reports, per sample, the tokens it gained (`NewTokens`). This
+turns them into deltas: the text they add (incremental detokenization,
+`model/detokenizer.py`), cut at the first stop string (`stop_strings.py`), with their
+logprobs and the finish reason.
+
+    NewTokens ──► SampleOutput.update ──► CompletionOutput (this step's part only)
+                        │
+                        └─ a stop string ended the sample: the engine tells the scheduler
+
+A step's result is one `RequestOutput` per request that got tokens, holding only what is
+new (a delta). The server streams deltas as they are; `LLM.generate` adds them up
+(`outputs.OutputAccumulator`). This is chapter 09's exercise 9.2 (the marked region below).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from minserve.messages import NewTokens
+from minserve.model.detokenizer import IncrementalDetokenizer
+from minserve.model.tokenizer import Tokenizer
+from minserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minserve.sampling_params import SamplingParams
+from minserve.stop_strings import StopStringMatcher
+
+
+# >>> exercise 9.2: from new token ids to a streamed delta
+@dataclass
+class SampleOutput:
+    """What one sample has shown so far: its detokenizer and stop-string matcher hold the
+    text still held back; the running logprob sum; why it finished."""
+
+    index: int
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    with_logprobs: bool = False  # the request asked for logprobs
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def update(self, new: NewTokens) -> CompletionOutput:
+        """This step's delta of the sample: the text `new.token_ids` add, cut at a stop string.
+
+        Feed each token to `self.detokenizer.step(token)` and its text to
+        `self.stops.feed(text)`, which returns (text safe to show now, the stop string it
+        completed or None). A stop string finishes the sample on the token that completed it
+        (finish_reason "stop", stop_reason the string): that token is the delta's last, the
+        step's later tokens are dropped. The scheduler may have finished the sample already
+        (`new.finish_reason`): "stop" means the last token is EOS or a stop token, whose
+        text is never shown; on "stop" and "length" release the held-back text,
+        `self.stops.feed(self.detokenizer.flush())` then `self.stops.flush()`.
+
+        The delta (`CompletionOutput`) holds this step's text and kept token ids, their
+        logprobs when the request asked for them (`new.logprobs`, else None), the finish and
+        stop reasons, and the cumulative logprob of every kept token so far (None without
+        logprobs). Record the finish on `self`.
+        """
+        # >>> solution
+        token_ids = list(new.token_ids)
+        finish, reason = new.finish_reason, new.stop_reason
+        shown = token_ids[:-1] if finish == "stop" else token_ids  # a stop token shows no text
+        text = ""
+        for i, token in enumerate(shown):
+            emitted, matched = self.stops.feed(self.detokenizer.step(token))
+            text += emitted
+            if matched is not None:
+                token_ids, finish, reason = token_ids[: i + 1], "stop", matched
+                break
+        else:
+            if finish is not None:  # release text held back (half a character, a stop prefix)
+                emitted, _ = self.stops.feed(self.detokenizer.flush())
+                text += emitted + self.stops.flush()
+        self.finish_reason, self.stop_reason = finish, reason
+        logprobs, cumulative = None, None
+        if self.with_logprobs:
+            logprobs = [lp for lp in new.logprobs[: len(token_ids)] if lp is not None]
+            self.cumulative_logprob += sum(lp[t] for lp, t in zip(logprobs, token_ids))
+            cumulative = self.cumulative_logprob
+        return CompletionOutput(self.index, text, token_ids, finish, reason, logprobs, cumulative)
+        # <<< solution
+
+
+# <<< exercise
+
+
+@dataclass
+class RequestState:
+    """One request's output side: its prompt, its samples' text state, its timestamps."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    samples: list[SampleOutput]
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.samples)
+
+
+@dataclass
+class ProcessedStep:
+    """A step's deltas, and the samples a stop string ended (the scheduler still runs them)."""
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+    stopped: list[tuple[str, int]] = field(default_factory=list)  # (request id, sample index)
+
+
+class OutputProcessor:
+    """Turns each step's new tokens into deltas, for every request the engine holds."""
+
+    def __init__(self, tokenizer: Tokenizer, sample_output_cls: type = SampleOutput) -> None:
+        self.tokenizer = tokenizer
+        self.sample_output_cls = sample_output_cls  # chapter 09 plugs the student's in here
+        self.requests: dict[str, RequestState] = {}
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+    ) -> None:
+        samples = [
+            self.sample_output_cls(
+                index=i,
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, prompt_token_ids, params.skip_special_tokens
+                ),
+                stops=StopStringMatcher(params.stop_strings, params.include_stop_str_in_output),
+                with_logprobs=params.logprobs is not None,
+            )
+            for i in range(params.n)
+        ]
+        state = RequestState(
+            request_id, prompt, list(prompt_token_ids), samples, RequestMetrics(arrival_time)
+        )
+        self.requests[request_id] = state
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request (aborted, or carried on by another instance)."""
+        self.requests.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def process(self, new_tokens: list[NewTokens]) -> ProcessedStep:
+        """Each sample's delta, gathered per request in the order the requests come."""
+        step = ProcessedStep()
+        deltas: dict[str, list[CompletionOutput]] = {}
+        for new in new_tokens:
+            state = self.requests.get(new.request_id)
+            if state is None:  # aborted or forgotten since the step ran
+                continue
+            delta = state.samples[new.index].update(new)
+            if delta.finished and new.finish_reason is None:
+                step.stopped.append((new.request_id, new.index))
+            state.num_cached_tokens = new.num_cached_tokens
+            deltas.setdefault(new.request_id, []).append(delta)
+        now = time.monotonic()
+        for request_id, completions in deltas.items():
+            step.outputs.append(self._output(self.requests[request_id], completions, now))
+        return step
+
+    def _output(
+        self, state: RequestState, completions: list[CompletionOutput], now: float
+    ) -> RequestOutput:
+        metrics = state.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        if state.finished:
+            metrics.finished_time = now
+            del self.requests[state.request_id]
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            outputs=sorted(completions, key=lambda c: c.index),
+            finished=state.finished,
+            metrics=metrics,
+            num_cached_tokens=state.num_cached_tokens,
+        )
