@@ -123,7 +123,7 @@ class PrefillDecodePair:
         self._hand_off(leaving)
         leaving = self._prefill_step(whole)
         for result in recv_json(DECODE_RANK):
-            whole.add(_decoded(whole.outputs[result["request_id"]], result))
+            whole.add(_decoded(whole.outputs[result["id"]], result))
         return leaving
 
     def _hand_off(self, leaving: list[Sequence]) -> None:

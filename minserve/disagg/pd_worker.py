@@ -21,10 +21,11 @@ import torch.distributed as dist
 from minserve.disagg.engine_hooks import add_prefilled
 from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
 from minserve.disagg.kv_wire import KVWire, instance_gpu
+from minserve.disagg.token_deltas import delta_json
 from minserve.disagg.transfer_rule import measure_link
 from minserve.disagg.wire import recv_json, send_json
 from minserve.engine import LLMEngine
-from minserve.outputs import OutputAccumulator, RequestOutput
+from minserve.outputs import OutputAccumulator
 from minserve.scheduler.sequence import Sequence
 
 PREFILL_RANK, DECODE_RANK = 0, 1
@@ -90,7 +91,7 @@ def serve_decode(engine: LLMEngine, transfer: TorchKVTransfer) -> None:
                 receive_into_blocks(engine, transfer, seq)
         outputs = engine.step() if engine.has_unfinished_requests() else []
         finished = [whole.add(o) for o in outputs]  # the tokens after the first one
-        send_json([finished_json(o) for o in finished if o.finished], PREFILL_RANK)
+        send_json([delta_json(o) for o in finished if o.finished], PREFILL_RANK)
         for output in outputs:
             if output.finished:
                 del whole.outputs[output.request_id]
@@ -127,14 +128,3 @@ def receive_into_blocks(engine: LLMEngine, transfer: TorchKVTransfer, seq: Seque
     layers, kv, _, *tail = pool.kv.shape  # [layers, 2, num_blocks, block_size, Hkv, D]
     data = transfer.receive_blocks((layers, kv, len(blocks), *tail), pool.dtype)
     engine.worker.write_blocks(blocks, data)
-
-
-def finished_json(output: RequestOutput) -> dict[str, Any]:
-    (completion,) = output.outputs
-    return {
-        "request_id": output.request_id,
-        "token_ids": completion.token_ids,
-        "text": completion.text,
-        "finish_reason": completion.finish_reason,
-        "stop_reason": completion.stop_reason,
-    }
