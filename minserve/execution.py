@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from minserve.attention.backends import resolve_attention, resolve_c_kernels
+from minserve.device import choose_device
 from minserve.environment import (
     C_KERNELS,
     GREEDY_SCREEN,
@@ -50,6 +51,7 @@ class ExecutionConfig:
     kernel_cache: Path
     rows_by_shape: tuple[tuple[str, int], ...] = ()  # what the loader set: ("576x576", 16)
     c_kernels_missing: str | None = None  # why they are off although switched on
+    device_why: str = ""  # why this device: "auto: no CUDA device is usable: ..."
 
     def with_attention(self, name: str) -> ExecutionConfig:
         """This config with the attention backend `name` ("auto": the default) resolved."""
@@ -58,7 +60,7 @@ class ExecutionConfig:
     def summary(self) -> str:
         """One line: every choice, e.g. `execution: device=cpu dtype=float32 ...`."""
         fields = {
-            "device": str(self.device),
+            "device": f"{self.device}({self.device_why})" if self.device_why else str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention": self.attention,
             "c_kernels": _on_off(self.c_kernels, self.c_kernels_missing),
@@ -94,7 +96,8 @@ def resolve_execution(
     env = os.environ if environ is None else environ
     wanted, screen = env_switch(env, C_KERNELS), env_switch(env, GREEDY_SCREEN)
     rows = env_linear_rows(env)  # every variable checked, on any device
-    target = resolve_device(device)
+    choice = choose_device(device)
+    target = choice.device
     torch_dtype = resolve_dtype(dtype, target)
     c_kernels, missing = resolve_c_kernels(wanted, target)
     packed = prepack and can_prepack(target, torch_dtype)
@@ -109,14 +112,8 @@ def resolve_execution(
         greedy_screen=few_rows and screen,
         kernel_cache=kernel_cache_dir(env),
         c_kernels_missing=missing,
+        device_why=choice.why,
     )
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """ "auto" is the GPU where there is one, else the CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

@@ -1,10 +1,14 @@
-"""Test-wide settings: nothing downloads, and Triton kernels run in the interpreter on CPU."""
+"""Test-wide settings: nothing downloads, and Triton kernels run in the interpreter on a CPU
+(on a GPU they compile, as they do when serving)."""
 
 import os
 
+import torch
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
 from pathlib import Path  # noqa: E402
 
@@ -44,3 +48,19 @@ def tiny_model(smollm_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFact
         return made[kind]
 
     return make
+
+
+@pytest.fixture
+def gpus(monkeypatch: pytest.MonkeyPatch):
+    """Simulate `count` usable GPUs (0: a CUDA build whose driver sees none)."""
+
+    def simulate(count: int, cuda_build: str | None = "12.8") -> list[torch.device]:
+        monkeypatch.setattr(torch.version, "cuda", cuda_build)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: f"Test GPU {i}")
+        current: list[torch.device] = []
+        monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(torch.device(d)))
+        return current
+
+    return simulate

@@ -50,8 +50,9 @@ def test_auto_means_the_gpu_where_there_is_one() -> None:
     assert config.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def test_a_gpu_gets_triton_bfloat16_and_no_c_paths() -> None:
-    config = resolve_execution("cuda", environ={})  # resolving needs no GPU
+def test_a_gpu_gets_triton_bfloat16_and_no_c_paths(gpus) -> None:
+    gpus(1)  # a simulated GPU: resolving touches no device
+    config = resolve_execution("cuda", environ={})
     assert (config.dtype, config.attention) == (torch.bfloat16, "triton")
     assert not (config.c_kernels or config.prepack or config.greedy_screen)
     assert config.linear_rows == 0
@@ -170,10 +171,8 @@ def test_the_llm_logs_its_config_once_and_returns_it(tiny_model, caplog) -> None
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("execution:")]
     config = llm.get_execution_config()
     assert lines == [config.summary()] and config is llm.engine.execution
-    assert lines[0].startswith(
-        "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on "
-        "linear_rows=measured("
-    )
+    assert lines[0].startswith("execution: device=cpu(auto: ")  # which device, and why
+    assert " dtype=float32 attention=cpu c_kernels=on prepack=on linear_rows=measured(" in lines[0]
     linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
     assert dict(config.rows_by_shape) == {  # what the loader set on each layer shape
         f"{m.in_features}x{m.out_features}": m.kernel_rows for m in linears

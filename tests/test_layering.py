@@ -27,7 +27,7 @@ import minserve
 PACKAGE = Path(minserve.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"kernels", "config", "environment", "errors", "messages", "model_config", "outputs",
+    {"kernels", "config", "device", "environment", "errors", "messages", "model_config", "outputs",
      "sampling_params", "step_timings", "stop_strings"},
     {"kvcache", "attention"},
     {"execution"},

@@ -18,6 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from minserve.device import rank_device, use_device
 from minserve.distributed.comm import ProcessGroupComm
 
 IDLE_TIMEOUT = timedelta(days=30)
@@ -30,14 +31,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def rank_device(device: str, rank: int) -> torch.device:
-    """CPU, or the GPU of this rank on its node ("auto": a GPU when there is one)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cuda":
-        return torch.device(device)
-    local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
-    return torch.device("cuda", local_rank)
+def this_rank_device(device: str, rank: int) -> torch.device:
+    """This rank's device (`minserve.device.rank_device`; torchrun's LOCAL_RANK when set),
+    made the process's current device."""
+    local_rank = os.environ.get("LOCAL_RANK")
+    target = rank_device(device, rank, None if local_rank is None else int(local_rank))
+    use_device(target)
+    return target
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 from minserve.attention.backends import get_attention_backend
 from minserve.distributed import step_message
 from minserve.distributed.checkpoint import CheckpointTensors
-from minserve.distributed.group import RankGroup, join_group, leave_group, rank_device
+from minserve.distributed.group import RankGroup, join_group, leave_group, this_rank_device
 from minserve.distributed.shard_model import build_shard
 from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.kvcache.paged_pool import PagedKVPool
@@ -55,7 +55,7 @@ def start_rank(
 ) -> tuple[RankGroup, torch.nn.Module, ExecutionConfig]:
     """Join the group and load this rank's shard (rank 0 included); how it runs (shards
     are not prepacked)."""
-    device = rank_device(spec.device, rank)
+    device = this_rank_device(spec.device, rank)
     execution = resolve_execution(device, spec.dtype, spec.attention_backend, prepack=False)
     group = join_group(rank, spec.world_size, spec.init_method, device, spec.step_timeout)
     source = source or CheckpointTensors(spec.model)

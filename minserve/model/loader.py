@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from minserve.device import use_device
 from minserve.errors import ModelLoadError
 from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.model.default_model import default_model_path
@@ -59,6 +60,7 @@ def load_model(
             "checkpoint folder (config.json + safetensors + tokenizer.json)"
         )
     execution = resolve_execution(device, dtype, prepack=prepack)
+    use_device(execution.device)  # kernels launch on the current device: make it this one
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelLoadError(f"{path} has no config.json: not a Hugging Face checkpoint folder")

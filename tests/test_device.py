@@ -1,0 +1,59 @@
+"""Which device runs the engine, and why; one GPU per process, never a wrapped-around one.
+
+The machine's CUDA state is simulated (torch's build, driver and device count), so the
+choices a GPU machine makes are checked on a CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minserve.device import choose_device, rank_device, use_device
+from minserve.execution import resolve_execution
+
+
+def test_auto_takes_the_gpu_and_says_which(gpus) -> None:
+    gpus(2)
+    choice = choose_device("auto")
+    assert choice.device == torch.device("cuda")
+    assert choice.why == "auto: GPU 0 of 2 (Test GPU 0)"
+    assert choose_device("cuda:1").why == "as asked: GPU 1 of 2 (Test GPU 1)"
+
+
+def test_auto_falls_back_to_the_cpu_and_says_why(gpus) -> None:
+    gpus(0, cuda_build=None)
+    assert choose_device("auto").why == "auto: this torch build has no CUDA support"
+    gpus(0)  # a CUDA build, but no device: e.g. a driver too old for it
+    choice = choose_device("auto")
+    assert choice.device == torch.device("cpu")
+    assert "driver too old for this torch's CUDA 12.8" in choice.why
+    config = resolve_execution("auto", environ={})
+    assert config.device_why == choice.why and f"device=cpu({choice.why})" in config.summary()
+
+
+def test_an_explicit_gpu_that_cannot_run_is_an_error_naming_why(gpus) -> None:
+    gpus(0)
+    with pytest.raises(ValueError, match=r"device='cuda' cannot be used: no CUDA device"):
+        choose_device("cuda")
+    gpus(2)
+    with pytest.raises(ValueError, match=r"device='cuda:2' needs GPU 2, but this machine has 2"):
+        choose_device("cuda:2")
+
+
+def test_each_rank_gets_its_own_gpu_and_never_wraps_around(gpus) -> None:
+    gpus(2)
+    assert [rank_device("cuda", r) for r in (0, 1)] == [torch.device("cuda", i) for i in (0, 1)]
+    with pytest.raises(
+        ValueError, match="tensor-parallel rank 2 needs GPU 2, but this machine has 2"
+    ):
+        rank_device("cuda", 2)  # it used to share GPU 0 with rank 0, which NCCL refuses
+    assert rank_device("auto", 5, local_rank=1) == torch.device("cuda", 1)  # torchrun, node 3
+    assert rank_device("cpu", 5) == torch.device("cpu")
+
+
+def test_use_device_makes_the_gpu_current(gpus) -> None:
+    current = gpus(2)
+    use_device(torch.device("cpu"))
+    use_device(torch.device("cuda", 1))
+    assert current == [torch.device("cuda", 1)]
