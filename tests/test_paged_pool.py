@@ -210,3 +210,15 @@ def test_unknown_or_repeated_sequences_are_errors():
 
 def test_swap_space_from_config_is_given_in_gib():
     assert HostSwapSpace.from_config(CacheConfig(swap_space=0.5), 1).capacity_bytes == 1 << 29
+
+
+def test_read_blocks_is_a_copy_that_write_blocks_puts_back():
+    pool = _pool()
+    pool.kv.copy_(torch.randn(pool.kv.shape))
+    saved = pool.read_blocks([4, 1])  # [layers, 2, 2, bs, Hkv, D]
+    expected = pool.kv[:, :, [4, 1]].clone()
+    pool.kv.zero_()  # the host copy must not follow the pool
+    assert torch.equal(saved, expected) and saved.device.type == "cpu"
+    pool.write_blocks([0, 5], saved)
+    assert torch.equal(pool.kv[:, :, [0, 5]], expected)
+    assert pool.kv[:, :, [1, 2, 3, 4]].abs().sum() == 0

@@ -5,7 +5,8 @@ Each check builds a small paged KV pool (blocks of 4 tokens, handed out in shuff
 every other slot filled with NaN: a kernel that reads one slot past a context returns NaN),
 launches the kernel under test through minserve's launcher `paged_decode(kernel=...)`, and
 compares it with the plain-torch reference `paged_attention_reference`. A mismatch names
-the sequence, its context length, the query head and the largest error.
+the sequence, its context length, the query head and the largest error. The tensors live
+where the kernel runs: the CPU in Triton's interpreter, the GPU when Triton compiles.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from triton.runtime.errors import InterpreterError
 from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_torch import paged_attention_reference
 from minserve.attention.triton_decode import paged_decode
+from minserve.attention.triton_env import interpreting
 
 BLOCK_SIZE = 4
 HEAD_DIM = 16
@@ -53,20 +55,22 @@ class DecodeCase:
                 block, offset = table[pos // BLOCK_SIZE], pos % BLOCK_SIZE
                 k_cache[block, offset] = torch.randn(kv_heads, HEAD_DIM, generator=gen)
                 v_cache[block, offset] = torch.randn(kv_heads, HEAD_DIM, generator=gen)
+        device = kernel_device()
         metadata = AttentionMetadata.build(
             query_lens=[1] * len(contexts),
             context_lens=contexts,
             block_tables=tables,
             slot_mapping=[t[(c - 1) // BLOCK_SIZE] * BLOCK_SIZE + (c - 1) % BLOCK_SIZE
                           for t, c in zip(tables, contexts)],
+            device=device,
         )  # fmt: skip
         q = torch.randn(len(contexts), heads, HEAD_DIM, generator=gen)
-        return cls(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), metadata)
+        return cls(*(t.to(device, dtype) for t in (q, k_cache, v_cache)), metadata)
 
     def expected(self, scale: float | None = None) -> torch.Tensor:
         """The reference, on the same pool with its NaNs zeroed (it reads whole blocks)."""
         k, v = self.k_cache.nan_to_num(0.0), self.v_cache.nan_to_num(0.0)
-        return paged_attention_reference(self.q, k, v, self.metadata, scale).float()
+        return paged_attention_reference(self.q, k, v, self.metadata, scale).float().cpu()
 
 
 def run_kernel(impl: ModuleType, case: DecodeCase, **options) -> torch.Tensor:
@@ -79,7 +83,12 @@ def run_kernel(impl: ModuleType, case: DecodeCase, **options) -> torch.Tensor:
         )  # fmt: skip
     except InterpreterError as error:  # the interpreter wraps what the kernel raised
         raise (error.__cause__ or error) from None
-    return out.float()
+    return out.float().cpu()
+
+
+def kernel_device() -> torch.device:
+    """Where Triton kernels run here: the CPU in the interpreter, else the GPU."""
+    return torch.device("cpu") if interpreting() else torch.device("cuda")
 
 
 def assert_close(case: DecodeCase, got: torch.Tensor, what: str, scale: float | None = None):

@@ -44,11 +44,13 @@ class TierCosts:
     @classmethod
     def measure(cls, pool: PagedKVPool, num_params: int) -> TierCosts:
         """Copy bandwidth from timing a host -> pool copy; prefill speed from measured
-        matmul FLOP/s over the model's 2 x params FLOPs per token (the prefill roofline)."""
+        matmul FLOP/s over the model's 2 x params FLOPs per token (the prefill roofline),
+        both on the pool's device and in its dtype (where the prefill would run)."""
+        device = pool.device
         block = pool.read_blocks([0])  # [layers, 2, 1, bs, Hkv, D] on the host
-        copy_s = min(_seconds(lambda: pool.write_blocks([0], block)) for _ in range(3))
-        a = torch.randn(512, 512)
-        flops_s = 2 * 512**3 / min(_seconds(lambda: a @ a) for _ in range(3))
+        copy_s = min(_seconds(lambda: pool.write_blocks([0], block), device) for _ in range(3))
+        a = torch.randn(512, 512, device=device, dtype=pool.dtype)
+        flops_s = 2 * 512**3 / min(_seconds(lambda: a @ a, device) for _ in range(3))
         return cls(pool.block_nbytes / copy_s, flops_s / (2 * num_params))
 
 
@@ -105,9 +107,12 @@ class HostPrefixTier:
         return Promote(slot, block)
 
 
-def _seconds(action: Callable[[], object]) -> float:
+def _seconds(action: Callable[[], object], device: torch.device) -> float:
+    """Wall time of `action`, waiting for a GPU to finish it (its launches are async)."""
     start = time.perf_counter()
     action()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start
 
 

@@ -71,8 +71,15 @@ class PagedKVPool:
         return self.kv[:, :, self._index(blocks)]
 
     def read_blocks(self, blocks: list[int]) -> torch.Tensor:
-        """`gather_blocks` as a host tensor (for swapping out)."""
-        return self.gather_blocks(blocks).to("cpu")
+        """`gather_blocks` as a host tensor (for swapping out); pinned on a GPU, so that
+        copying it back can overlap other work (`write_blocks`)."""
+        data = self.gather_blocks(blocks)
+        if self.device.type == "cpu":
+            return data  # the gather made a copy already
+        host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        host.copy_(data, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()  # the host reads it next
+        return host
 
     def write_blocks(self, blocks: list[int], data: torch.Tensor) -> None:
         """The inverse of `read_blocks`: put `data` into these blocks (for swapping in)."""
@@ -82,7 +89,8 @@ class PagedKVPool:
                 f"data for {len(blocks)} blocks must be shaped {tuple(expected)}, "
                 f"got {tuple(data.shape)}"
             )
-        self.kv[:, :, self._index(blocks)] = data.to(self.device, self.dtype)
+        # from pinned memory the copy runs on the stream, ahead of the kernels that read it
+        self.kv[:, :, self._index(blocks)] = data.to(self.device, self.dtype, non_blocking=True)
 
     @property
     def nbytes(self) -> int:
