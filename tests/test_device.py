@@ -57,3 +57,20 @@ def test_use_device_makes_the_gpu_current(gpus) -> None:
     use_device(torch.device("cpu"))
     use_device(torch.device("cuda", 1))
     assert current == [torch.device("cuda", 1)]
+
+
+def test_decode_splits_follow_the_gpu_the_tensors_are_on(gpus, monkeypatch) -> None:
+    """Flash-decoding fills the SMs of the query's GPU (not always GPU 0's); none on a CPU."""
+    from types import SimpleNamespace
+
+    from minserve.attention.triton_decode import choose_num_splits
+
+    gpus(2)
+    sms = {0: 132, 1: 16}
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties",
+        lambda d: SimpleNamespace(multi_processor_count=sms[torch.device(d).index]),
+    )  # fmt: skip
+    assert choose_num_splits(2, 4, 8192, torch.device("cuda", 0)) == 32  # 264/8, at most 8192/256
+    assert choose_num_splits(2, 4, 8192, torch.device("cuda", 1)) == 4  # ceil(32 / 8)
+    assert choose_num_splits(2, 4, 8192, torch.device("cpu")) == 1

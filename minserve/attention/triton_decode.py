@@ -153,12 +153,15 @@ def combine_splits_kernel(
     )
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device
+) -> int:
     """Flash-decoding's split count: enough programs to fill the GPU, none too short."""
-    if not torch.cuda.is_available():
+    if device.type != "cuda":
         return 1  # the interpreter runs programs one after another: splitting only adds work
     programs = num_seqs * num_kv_heads
-    wanted = math.ceil(2 * torch.cuda.get_device_properties(0).multi_processor_count / programs)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count  # this GPU's
+    wanted = math.ceil(2 * sms / programs)
     return max(1, min(wanted, max_context_len // MIN_TOKENS_PER_SPLIT, 64))
 
 
@@ -187,7 +190,7 @@ def paged_decode(
     num_kv_heads = k_cache.shape[2]
     _check_decode_inputs(q, k_cache, v_cache, block_tables, context_lens)
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, q.device)
     tokens_per_split = triton.cdiv(triton.cdiv(max(max_context_len, 1), num_splits), block_n)
     tokens_per_split *= block_n
     num_splits = triton.cdiv(max(max_context_len, 1), tokens_per_split)
