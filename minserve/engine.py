@@ -12,6 +12,11 @@
 The scheduler owns every piece of scheduling state, the worker owns the device, the output
 processor owns what the caller sees. A stop string found in the text is the one message
 that goes back: the engine tells the scheduler to finish that sample.
+
+Failures come in two sizes. One request's (its logits row is NaN, its tokens cannot be
+decoded) aborts that request, the step goes on for the others, and `step()` raises
+`RequestsFailedError` with their deltas. Anything else the step raises is the step's own:
+`StepFailedError`, naming the requests it was running.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 from minserve.attention.backends import get_attention_backend
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_metrics import EngineCounters, engine_metrics
-from minserve.errors import StepFailedError
+from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.host_tier import host_tier_for
 from minserve.kvcache.manager import KVCacheManager
@@ -33,9 +38,9 @@ from minserve.kvcache.swap import HostSwapSpace
 from minserve.messages import ModelRunnerOutput, NewTokens, SchedulerOutput
 from minserve.model.loader import LoadedModel
 from minserve.model.sampler import Sampler
-from minserve.output_processor import OutputProcessor, SampleOutput
+from minserve.output_processor import OutputProcessor, ProcessedStep, SampleOutput
 from minserve.outputs import RequestOutput
-from minserve.request import Request, StopRules, validate_prompt
+from minserve.request import Request, StopRules, validate_params, validate_prompt
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.draft_planner import DraftPlanner
 from minserve.scheduler.scheduler import Scheduler
@@ -150,6 +155,7 @@ class LLMEngine:
         if request_id in self.output_processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         validate_prompt(prompt_token_ids, self.loaded.config.vocab_size, self.max_model_len)
+        validate_params(params, self.loaded.config.vocab_size)
         request = Request.create(request_id, prompt_token_ids, params)
         self.scheduler.add(self._first_sequence(request, priority))
         self.output_processor.add_request(
@@ -194,7 +200,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return a delta for every request that got new tokens (its
-        completions hold this step's text and tokens only)."""
+        completions hold this step's text and tokens only).
+
+        Raises RequestsFailedError (with the others' deltas) when some requests failed
+        alone and were aborted; StepFailedError when the step itself failed."""
         clock = PhaseClock()
         try:
             sched_out = self.scheduler.schedule()
@@ -202,34 +211,48 @@ class LLMEngine:
             raise StepFailedError(None, error) from error
         clock.lap("schedule")
         try:
-            return self._run(sched_out, clock)
+            outputs, failed = self._run(sched_out, clock)
         except Exception as error:
             raise StepFailedError(sched_out.request_ids, error) from error
+        if failed:
+            raise RequestsFailedError.from_reasons(failed, outputs)
+        return outputs
 
-    def _run(self, sched_out: SchedulerOutput, clock: PhaseClock) -> list[RequestOutput]:
+    def _run(
+        self, sched_out: SchedulerOutput, clock: PhaseClock
+    ) -> tuple[list[RequestOutput], dict[str, str]]:
+        """The step's deltas, and the requests that failed alone (request id -> why)."""
         if sched_out.is_empty:
             self.worker.execute(sched_out)  # block operations only (an abort's swap copy)
             self._check_progress()
-            return []
+            return [], {}
         run_out = self.worker.execute(sched_out)
         clock.skip()  # the worker timed its own phases
         self._record_step(sched_out)
+        self._abort_failed(run_out.failed)  # before the scheduler looks for their tokens
         new_tokens = self.scheduler.update_from_output(sched_out, run_out)
-        outputs = self._process(new_tokens)
+        processed = self._process(new_tokens)
+        self._abort_failed(processed.failed)
         self.worker.release(self.scheduler.take_finished_ids())
         clock.lap("update")
         if run_out.timings is not None:
             clock.timings.add(run_out.timings)
-        self._observe(StepRecord(sched_out, run_out, outputs, clock.timings))
-        return outputs
+        self._observe(StepRecord(sched_out, run_out, processed.outputs, clock.timings))
+        return processed.outputs, run_out.failed | processed.failed
 
-    def _process(self, new_tokens: list[NewTokens]) -> list[RequestOutput]:
+    def _process(self, new_tokens: list[NewTokens]) -> ProcessedStep:
         """New tokens to deltas; a sample a stop string ended is finished in the scheduler."""
         processed = self.output_processor.process(new_tokens)
         for request_id, index in processed.stopped:
             self.scheduler.stop_sample(request_id, index)
         self.counters.num_requests_finished += sum(out.finished for out in processed.outputs)
-        return processed.outputs
+        return processed
+
+    def _abort_failed(self, failed: dict[str, str]) -> None:
+        """Requests that failed alone: gone from the scheduler, their blocks free, no text
+        decoded (aborting touches no token)."""
+        for request_id in failed:
+            self.abort_request(request_id)
 
     def _record_step(self, sched_out: SchedulerOutput) -> None:
         self.counters.num_steps += 1

@@ -1,5 +1,7 @@
 """Exceptions a user can act on. Each message says what was wrong and what is allowed."""
 
+from __future__ import annotations
+
 
 class ModelLoadError(ValueError):
     """A checkpoint could not be read: unsupported, corrupt or incomplete."""
@@ -27,11 +29,26 @@ class StepFailedError(RuntimeError):
 
 
 class RequestsFailedError(RuntimeError):
-    """A step lost some requests (a disaggregated instance died, say); the others go on.
+    """A step lost some requests (NaN logits, a token that cannot be decoded, a disaggregated
+    instance that died); the others go on.
 
-    An engine raises it from `step()` with the lost ids and the step's other outputs.
+    An engine raises it from `step()` once the lost requests are aborted, with their ids,
+    why each failed (`reasons`) and the step's other outputs.
     """
 
-    def __init__(self, message: str, request_ids: list[str], outputs: list) -> None:
+    def __init__(
+        self,
+        message: str,
+        request_ids: list[str],
+        outputs: list,
+        reasons: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.request_ids, self.outputs = request_ids, outputs
+        self.reasons = reasons if reasons is not None else dict.fromkeys(request_ids, message)
+
+    @classmethod
+    def from_reasons(cls, reasons: dict[str, str], outputs: list) -> RequestsFailedError:
+        """One message naming each failed request and why it failed."""
+        message = "; ".join(f"request {rid!r}: {why}" for rid, why in reasons.items())
+        return cls(message, list(reasons), outputs, reasons)

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from minserve.config import CacheConfig, SchedulerConfig
 from minserve.distributed.launcher import TensorParallelDriver, start_tensor_parallel
 from minserve.engine import LLMEngine
-from minserve.errors import StepFailedError
+from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.radix_cache import RadixCache
@@ -24,7 +24,7 @@ from minserve.model.tokenizer import Tokenizer
 from minserve.output_processor import OutputProcessor, SampleOutput
 from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.reference import ReferenceGenerator
-from minserve.request import Request, StopRules, validate_prompt
+from minserve.request import Request, StopRules, validate_params, validate_prompt
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.policy import priority_value
 from minserve.scheduler.scheduler import Scheduler
@@ -153,6 +153,8 @@ class LLM:
 
         priority: one per prompt, an int (lower runs first) or an SLO class name
         ("interactive", "standard", "batch"); used by scheduling_policy="priority".
+        A prompt that fails alone (NaN logits, say) does not stop the others: once they
+        finish, RequestsFailedError names the failed prompts and holds the others' outputs.
         """
         prompt_list = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompt_list))
@@ -160,11 +162,14 @@ class LLM:
         if len(priorities) != len(prompt_list):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompt_list)} prompts")
         tokenized = [self._tokenize(p) for p in prompt_list]  # validate all before queueing any
-        for _, token_ids in tokenized:
-            validate_prompt(token_ids, self.loaded.config.vocab_size, self.max_model_len)
+        vocab_size = self.loaded.config.vocab_size
+        for (_, token_ids), sp in zip(tokenized, params):
+            validate_prompt(token_ids, vocab_size, self.max_model_len)
+            validate_params(sp, vocab_size)
         request_ids = [str(next(self._ids)) for _ in tokenized]
+        failed: dict[str, str] = {}  # request id -> why, filled as requests fail
         deltas = (
-            self._run_engine(request_ids, tokenized, params, priorities)
+            self._run_engine(request_ids, tokenized, params, priorities, failed)
             if self.engine is not None
             else self._run_reference(request_ids, tokenized, params)
         )
@@ -172,6 +177,8 @@ class LLM:
         with tqdm(total=len(prompt_list), desc="Generating", disable=not use_tqdm) as bar:
             for delta in deltas:
                 bar.update(whole.add(delta).finished)
+        if failed:
+            raise _prompts_failed(request_ids, failed, whole)
         return [whole.outputs[request_id] for request_id in request_ids]
 
     def chat(
@@ -196,16 +203,26 @@ class LLM:
         prompts: list[tuple[str | None, list[int]]],
         params: list[SamplingParams],
         priorities: list[int],
+        failed: dict[str, str],
     ) -> Iterator[RequestOutput]:
-        """Every step's deltas until all requests finish."""
-        assert self.engine is not None
+        """Every step's deltas until all requests finish; those that fail alone go in
+        `failed` (the engine has aborted them)."""
+        engine = self.engine
+        assert engine is not None
         for request_id, (text, ids), sp, prio in zip(request_ids, prompts, params, priorities):
-            self.engine.add_request(request_id, text, ids, sp, prio)
-        while self.engine.has_unfinished_requests():
-            try:
-                yield from self.engine.step()
-            except StepFailedError as error:  # offline, the step's own error says it best
-                raise error.__cause__ from None
+            engine.add_request(request_id, text, ids, sp, prio)
+        try:
+            while engine.has_unfinished_requests():
+                try:
+                    yield from engine.step()
+                except RequestsFailedError as lost:
+                    failed.update(lost.reasons)
+                    yield from lost.outputs
+                except StepFailedError as error:  # offline, the step's own error says it best
+                    raise error.__cause__ from None
+        finally:  # after a failed step, nothing of this call stays queued
+            for request_id in request_ids:
+                engine.abort_request(request_id)
 
     def _run_reference(
         self,
@@ -233,6 +250,18 @@ class LLM:
         if isinstance(prompt, str):
             return prompt, self.loaded.tokenizer.encode(prompt)
         return None, list(prompt)
+
+
+def _prompts_failed(
+    request_ids: list[str], failed: dict[str, str], whole: OutputAccumulator
+) -> RequestsFailedError:
+    """The prompts that failed (by position) and why; the others' outputs, in order."""
+    position = {request_id: i for i, request_id in enumerate(request_ids)}
+    message = "; ".join(f"prompt {position[rid]} failed: {why}" for rid, why in failed.items())
+    others = [whole.outputs[rid] for rid in request_ids if rid not in failed]
+    return RequestsFailedError(
+        f"{message} (the other prompts' outputs are in .outputs)", list(failed), others, failed
+    )
 
 
 def _load(

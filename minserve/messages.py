@@ -152,9 +152,14 @@ class SampledTokens:
 
 @dataclass(frozen=True)
 class ModelRunnerOutput:
-    """The worker's answer: per sampling chunk, one `SampledTokens` per row of its `samples`."""
+    """The worker's answer: per sampling chunk, one `SampledTokens` per row of its `samples`.
+
+    A chunk whose sampling failed (NaN logits, say) has no entry in `sampled`; its request
+    is in `failed` with the reason, and the engine aborts it before the scheduler moves on.
+    """
 
     sampled: dict[int, tuple[SampledTokens, ...]] = field(default_factory=dict)  # by seq id
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> why it failed
     num_drafts: dict[int, int] = field(default_factory=dict)  # seq id -> drafts verified
     num_draft_rounds: int = 0  # sequential draft positions this step (the longest draft)
     timings: StepTimings | None = None  # the worker's phases: propose, prepare, forward, sample

@@ -108,10 +108,12 @@ class RequestState:
 
 @dataclass
 class ProcessedStep:
-    """A step's deltas, and the samples a stop string ended (the scheduler still runs them)."""
+    """A step's deltas, the samples a stop string ended (the scheduler still runs them), and
+    the requests whose new tokens could not be turned into output (they fail alone)."""
 
     outputs: list[RequestOutput] = field(default_factory=list)
     stopped: list[tuple[str, int]] = field(default_factory=list)  # (request id, sample index)
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> why
 
 
 class OutputProcessor:
@@ -154,14 +156,24 @@ class OutputProcessor:
         return bool(self.requests)
 
     def process(self, new_tokens: list[NewTokens]) -> ProcessedStep:
-        """Each sample's delta, gathered per request in the order the requests come."""
+        """Each sample's delta, gathered per request in the order the requests come.
+
+        A sample whose update raises (a token its tokenizer cannot decode, say) fails its
+        request alone: no delta for it, the reason in `failed`, the others go on."""
         step = ProcessedStep()
         deltas: dict[str, list[CompletionOutput]] = {}
         for new in new_tokens:
             state = self.requests.get(new.request_id)
-            if state is None:  # aborted or forgotten since the step ran
+            if state is None or new.request_id in step.failed:  # aborted, forgotten or failed
                 continue
-            delta = state.samples[new.index].update(new)
+            try:
+                delta = state.samples[new.index].update(new)
+            except Exception as error:  # this request's failure, not the step's
+                step.failed[new.request_id] = (
+                    f"its new tokens could not be processed ({type(error).__name__}: {error})"
+                )
+                deltas.pop(new.request_id, None)
+                continue
             if delta.finished and new.finish_reason is None:
                 step.stopped.append((new.request_id, new.index))
             state.num_cached_tokens = new.num_cached_tokens
@@ -169,6 +181,7 @@ class OutputProcessor:
         now = time.monotonic()
         for request_id, completions in deltas.items():
             step.outputs.append(self._output(self.requests[request_id], completions, now))
+        step.stopped = [(rid, index) for rid, index in step.stopped if rid not in step.failed]
         return step
 
     def _output(

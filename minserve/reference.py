@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
+from minserve.errors import RequestsFailedError
 from minserve.messages import NewTokens
 from minserve.model.llama import CausalLM
 from minserve.model.sampler import Sampler
@@ -85,6 +86,9 @@ class ReferenceGenerator:
         last = torch.tensor([len(ids) for ids in inputs], device=device).cumsum(0) - 1
         logits = self.model.compute_logits(hidden[last])  # [num_seqs, vocab]
         result = self.sampler(logits, [r.sample.sampling_row(self.rules) for r in running])
+        if result.failed:  # the oracle stops at the first sign of trouble
+            reasons = {running[i].request.request_id: why for i, why in result.failed.items()}
+            raise RequestsFailedError.from_reasons(reasons, [])
         new_tokens = []
         for r, ids, token, logprobs in zip(running, inputs, result.token_ids, result.logprobs):
             r.cached += len(ids)

@@ -103,7 +103,8 @@ class Request:
         arrival_time: float | None = None,
     ) -> Request:
         samples = [
-            Sample(i, params, prompt_token_ids, _generator(params.seed, i)) for i in range(params.n)
+            Sample(i, params, prompt_token_ids, seeded_generator(params.seed, i))
+            for i in range(params.n)
         ]
         arrival = time.monotonic() if arrival_time is None else arrival_time
         return cls(request_id, prompt_token_ids, params, samples, arrival)
@@ -113,11 +114,19 @@ class Request:
         return all(s.finished for s in self.samples)
 
 
-def _generator(seed: int | None, index: int) -> torch.Generator | None:
-    """A per-sample RNG so seeded results do not depend on what else is in the batch."""
+SEED_MODULUS = 2**64  # torch.Generator.manual_seed takes [-2**63, 2**64); we take [0, 2**64)
+
+
+def seeded_generator(seed: int | None, index: int) -> torch.Generator | None:
+    """Sample `index`'s own RNG, so seeded results do not depend on what else is in the batch.
+
+    Any integer seed works: the value is taken modulo 2**64. The multiplier is odd, so
+    seed -> seed * 1_000_003 is a bijection modulo 2**64: distinct 64-bit seeds draw
+    distinct streams, and seeds equal modulo 2**64 draw the same one.
+    """
     if seed is None:
         return None
-    return torch.Generator().manual_seed(seed * 1_000_003 + index)
+    return torch.Generator().manual_seed((seed * 1_000_003 + index) % SEED_MODULUS)
 
 
 def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
@@ -129,3 +138,13 @@ def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
     if len(token_ids) >= max_model_len:  # leave room for at least one new token
         raise PromptTooLongError(len(token_ids), max_model_len)
+
+
+def validate_params(params: SamplingParams, vocab_size: int) -> None:
+    """Reject settings that name token ids the model does not have (SamplingParams checks
+    the rest without knowing the model)."""
+    bad = [t for t in params.stop_token_ids or () if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(
+            f"stop_token_ids must be in [0, {vocab_size}), the model's vocabulary; got {bad[:5]}"
+        )

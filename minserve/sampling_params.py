@@ -6,11 +6,20 @@ act on; nothing is silently ignored.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Temperatures below this count as greedy, as in vLLM: dividing logits by them risks
 # float32 overflow, and the distribution is an argmax in all but exact near-ties anyway.
 GREEDY_TEMPERATURE = 1e-5
+
+# The accepted ranges of the settings that scale logits. Outside them the effect is
+# saturated (at temperature 100 a logit gap of 10 is worth 10%; a repetition penalty of 100
+# already takes a seen token's logit of 10 to 0.1) or not representable in float32, the
+# sampler's precision (a repetition penalty of 1e-40 underflows to a subnormal, 1e-200 to 0).
+TEMPERATURE_RANGE = (0.0, 100.0)
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+OPENAI_PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency, as OpenAI documents them
 
 
 @dataclass(frozen=True)
@@ -18,7 +27,7 @@ class SamplingParams:
     """Per-request decoding options (vLLM names and defaults).
 
     temperature 0 (anything below GREEDY_TEMPERATURE) means greedy. top_k <= 0 (0 or -1)
-    and top_p = 1 and min_p = 0 mean "off".
+    and top_p = 1 and min_p = 0 mean "off". A seed is any integer (taken modulo 2**64).
     """
 
     n: int = 1
@@ -49,17 +58,16 @@ class SamplingParams:
 
     def _validate(self) -> None:
         _check(self.n >= 1, f"n must be at least 1, got {self.n}")
-        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
-        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(self.top_k >= -1, f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
-        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            _check(-2 <= value <= 2, f"{name} must be in [-2, 2], got {value}")
+        _check_range("temperature", self.temperature, *TEMPERATURE_RANGE)
         _check(
-            self.repetition_penalty > 0,
-            f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+            math.isfinite(self.top_p) and 0 < self.top_p <= 1,
+            f"top_p must be in (0, 1], got {self.top_p}",
         )
+        _check(self.top_k >= -1, f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        _check_range("presence_penalty", self.presence_penalty, *OPENAI_PENALTY_RANGE)
+        _check_range("frequency_penalty", self.frequency_penalty, *OPENAI_PENALTY_RANGE)
+        _check_range("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
         _check(
             self.max_tokens is None or self.max_tokens >= 1,
             f"max_tokens must be at least 1, got {self.max_tokens}",
@@ -91,3 +99,11 @@ class SamplingParams:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def _check_range(name: str, value: float, low: float, high: float) -> None:
+    """`value` is a finite number in [low, high] (NaN and infinities are refused too)."""
+    _check(
+        math.isfinite(value) and low <= value <= high,
+        f"{name} must be in [{low:g}, {high:g}], got {value}",
+    )

@@ -6,6 +6,7 @@ far from uniform and greedy decoding is not decided by float noise.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +143,57 @@ def _copy_tokenizer_metadata(writer: GGUFWriter, source: Path) -> None:
     writer.add_eos_token_id(reader.get_field("tokenizer.ggml.eos_token_id").contents())
     writer.add_add_bos_token(False)
     writer.add_chat_template(reader.get_field("tokenizer.chat_template").contents())
+
+
+def truncate_tokenizer(source: Path, folder: Path, size: int) -> None:
+    """Save `source`'s tokenizer cut to its first `size` ids (and the merges among them)."""
+    data = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = {token: i for token, i in data["model"]["vocab"].items() if i < size}
+
+    def parts(merge: str | list[str]) -> list[str]:
+        return merge.split(" ", 1) if isinstance(merge, str) else list(merge)
+
+    data["model"]["vocab"] = vocab
+    data["model"]["merges"] = [
+        m
+        for m in data["model"]["merges"]
+        if all(p in vocab for p in [*parts(m), "".join(parts(m))])
+    ]
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < size]
+    (folder / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).is_file():
+            (folder / name).write_bytes((source / name).read_bytes())
+
+
+def make_padded_vocab_model(
+    folder: Path,
+    tokenizer_dir: Path,
+    prompts: list[str],
+    tokenizer_size: int = 766,
+    vocab_size: int = 768,
+    seed: int = 0,
+) -> Path:
+    """A tiny Llama whose embedding has more rows than its tokenizer has ids, as checkpoints
+    padded to a round size have. Each padding row is a row greedy decoding of `prompts`
+    picks most, scaled up by 2%: where that token won with a positive logit, its padding
+    twin now wins, so greedy decoding emits padding ids."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    truncate_tokenizer(tokenizer_dir, folder, tokenizer_size)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    options = dict(COMMON, **ARCHITECTURES["llama"], vocab_size=vocab_size)
+    config = AutoConfig.for_model(options.pop("model_type"), **options)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    counts = torch.zeros(vocab_size)
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        out = model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        counts += torch.bincount(out[0, ids.shape[1] :], minlength=vocab_size)
+    favourites = counts[:tokenizer_size].topk(vocab_size - tokenizer_size).indices
+    with torch.no_grad():  # tied: the head's rows change with the embedding's
+        weight = model.get_input_embeddings().weight
+        weight[tokenizer_size:] = 1.02 * weight[favourites]
+    model.save_pretrained(folder)
+    return folder

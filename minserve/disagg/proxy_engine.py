@@ -156,7 +156,7 @@ class DisaggregatedEngine:
         outputs = self._outputs(deltas, lost)
         if lost:
             reasons = "; ".join(sorted(set(lost.values())))
-            raise RequestsFailedError(reasons, list(lost), outputs)
+            raise RequestsFailedError(reasons, list(lost), outputs, lost)
         return outputs
 
     def _commands(self, sends: dict[int, list[list]]) -> dict[int, dict]:

@@ -5,7 +5,8 @@ UTF-8 character (an emoji is often two to four tokens), and some decoders change
 depending on what comes before it (sentencepiece drops the space of the first token it decodes).
 So each step decodes a short window of recent tokens twice, without and with the new token, and
 emits only the difference. A window whose text ends in U+FFFD is waiting for the rest of a
-character: emit nothing yet, and keep the token in the window.
+character: emit nothing yet, and keep the token in the window. A token that adds no text (a
+skipped special token, a padding id past the tokenizer's vocabulary) emits nothing.
 
     tokens:  ... | prefix_offset ... read_offset | new tokens
                    (already emitted, for context)   (not yet emitted)

@@ -74,7 +74,7 @@ def load_model(
         tokenizer = Tokenizer.from_gguf(path)
     net = build_model(config, weights, execution.dtype, execution.device, fuse)
     execution = set_up_execution(net, execution)
-    return LoadedModel(path, config, net, tokenizer, execution)
+    return LoadedModel(path, config, net, tokenizer.for_model(config.vocab_size), execution)
 
 
 def build_model(

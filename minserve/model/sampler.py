@@ -4,10 +4,13 @@ Each row goes through, in order:
 1. logprobs, taken from the raw logits (before anything below changes them);
 2. penalties: repetition (prompt + output tokens), frequency and presence (output only);
 3. min_tokens: EOS and stop tokens forbidden until the row has enough output;
-4. greedy rows take the argmax; the others divide by temperature, filter (top-k, top-p,
-   min-p) and draw by inverse transform sampling: one uniform number per row, from the
-   row's own generator, so a seeded row's tokens never depend on which other rows share
-   its batch.
+4. a row left with no token to draw (NaN or +inf logits, or every token forbidden) is
+   reported in `SampleResult.failed`: its request fails, the other rows go on;
+5. greedy rows take the argmax; the others divide by temperature (after shifting the row
+   so its largest logit is 0: no probability changes, no division overflows), filter
+   (top-k, top-p, min-p) and draw by inverse transform sampling: one uniform number per
+   row, from the row's own generator, so a seeded row's tokens never depend on which other
+   rows share its batch.
 
 The three filters are chapter 00's exercise (the marked regions below); `Sampler` takes
 them as arguments so a student's versions can run inside the real engine.
@@ -15,8 +18,9 @@ them as arguments so a student's versions can run inside the real engine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
@@ -24,6 +28,7 @@ import torch
 from minserve.sampling_params import SamplingParams
 
 Filter = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, per-row setting)
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass
@@ -39,10 +44,15 @@ class SamplingRow:
 
 @dataclass
 class SampleResult:
-    """The step's tokens (one per row) and, per row, {token id: logprob} or None."""
+    """The step's tokens (one per row) and, per row, {token id: logprob} or None.
+
+    `failed` holds the rows that could not be sampled (row index -> why); their entries in
+    `token_ids` are in range but mean nothing.
+    """
 
     token_ids: list[int]
     logprobs: list[dict[int, float] | None]
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 # >>> exercise 0.1: top-k filtering
@@ -124,6 +134,8 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
     a seen token less likely. Frequency and presence look at output tokens only:
     logit -= frequency * count + presence * (count > 0). Only seen tokens change, so the
     work is done on those (hundreds) rather than on the whole vocabulary (tens of thousands).
+    A penalty below 1 raises positive logits; one past float32's range is kept at its
+    largest value rather than +inf, which would leave no distribution to draw from.
     """
     penalized = [i for i, row in enumerate(rows) if _has_penalties(row.params)]
     if not penalized:
@@ -138,7 +150,8 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
     seen, produced, counts = seen.to(device), produced.to(device), counts.to(device)
     repetition = per_row(rows, "repetition_penalty", device)[seen // vocab]  # [num_seen]
     values = flat[seen]
-    flat[seen] = torch.where(values > 0, values / repetition, values * repetition)
+    penalized = torch.where(values > 0, values / repetition, values * repetition)
+    flat[seen] = torch.where(values.isfinite(), penalized.clamp(max=FLOAT32_MAX), values)
     frequency = per_row(rows, "frequency_penalty", device)[produced // vocab]  # [num_produced]
     presence = per_row(rows, "presence_penalty", device)[produced // vocab]
     flat[produced] -= frequency * counts + presence
@@ -191,11 +204,13 @@ class Sampler:
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=-1) if _wants_logprobs(rows) else None
         logits = suppress_stop_tokens(apply_penalties(logits, rows), rows)
+        failed = unsampleable_rows(logits)
         token_ids = logits.argmax(dim=-1)  # [rows]; right for greedy rows, replaced below
-        drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
+        drawn = [i for i, row in enumerate(rows) if not row.params.greedy and i not in failed]
         if drawn:
             token_ids[drawn] = self._sample(logits[drawn], [rows[i] for i in drawn])
-        return SampleResult(token_ids.tolist(), logprob_dicts(raw_logprobs, token_ids, rows))
+        logprobs = logprob_dicts(raw_logprobs, token_ids, rows)
+        return SampleResult(token_ids.tolist(), logprobs, failed)
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, the filters a row asked for, then an inverse-CDF draw: [rows]."""
@@ -203,11 +218,17 @@ class Sampler:
 
     def filtered(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Logits [rows, vocab] divided by each row's temperature, then top-k, top-p and
-        min-p where a row asked for them (filtered tokens -inf): what `_sample` draws from."""
-        device = logits.device
-        logits = logits / per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
+        min-p where a row asked for them (filtered tokens -inf): what `_sample` draws from.
+
+        Each row is first shifted so its largest logit is 0. Softmax and the filters do not
+        change under a shift, and the division cannot overflow: a logit of 1e36 over a
+        temperature of 1e-3 would be +inf in float32, a shifted logit only goes to -inf."""
+        device, vocab = logits.device, logits.shape[-1]
+        shifted = logits - logits.amax(dim=-1, keepdim=True)  # [rows, vocab], each max 0
+        logits = shifted / per_row(rows, "temperature", device).unsqueeze(-1)  # [rows, vocab]
         if any(row.params.top_k > 0 for row in rows):
-            logits = self.top_k_fn(logits, per_row(rows, "top_k", device, torch.long))
+            top_k = [min(row.params.top_k, vocab) for row in rows]  # capped: fits int64
+            logits = self.top_k_fn(logits, torch.tensor(top_k, device=device))
         if any(row.params.top_p < 1 for row in rows):
             logits = self.top_p_fn(logits, per_row(rows, "top_p", device))
         if any(row.params.min_p > 0 for row in rows):
@@ -231,6 +252,25 @@ def draw_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     below_total = torch.nextafter(total, torch.zeros_like(total))  # u * total may round up
     target = torch.minimum(uniforms.unsqueeze(-1) * total, below_total)  # [rows, 1]
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [rows]
+
+
+def unsampleable_rows(logits: torch.Tensor) -> dict[int, str]:
+    """The rows of `logits` [rows, vocab] no token can be drawn from, and why.
+
+    One reduction tells: a row's max is NaN if any logit is NaN (torch's max propagates it),
+    +inf if any is +inf, and -inf only if every token is forbidden.
+    """
+    top = logits.amax(dim=-1)  # [rows]
+    bad = (~top.isfinite()).nonzero().flatten().tolist()
+    return {i: _unsampleable_reason(top[i].item()) for i in bad}
+
+
+def _unsampleable_reason(top: float) -> str:
+    if math.isnan(top):
+        return "its logits hold NaN"
+    if top > 0:
+        return "its logits hold +inf"
+    return "every token is forbidden (all logits are -inf)"
 
 
 def is_plain_greedy(row: SamplingRow) -> bool:

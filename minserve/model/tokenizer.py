@@ -274,6 +274,7 @@ class Tokenizer:
     """A `tokenizers` tokenizer, its BOS/EOS tokens and its chat template (no transformers).
 
     Whether `encode` adds BOS is decided once, at load time, by the backend's post-processor.
+    `model_vocab_size`: the model's ids, which may run past the tokenizer's (`for_model`).
     """
 
     def __init__(
@@ -283,10 +284,27 @@ class Tokenizer:
         bos_token: str | None,
         eos_token: str | None,
         chat_template: str | None,
+        model_vocab_size: int = 0,
     ) -> None:
         self.backend = backend
         self.bos_token, self.eos_token = bos_token, eos_token
         self.chat_template = chat_template
+        self.model_vocab_size = model_vocab_size
+
+    def for_model(self, model_vocab_size: int) -> Tokenizer:
+        """This tokenizer, for a model with `model_vocab_size` token ids.
+
+        Checkpoints often pad the embedding matrix past the tokenizer's vocabulary (to a
+        multiple of 64, say). The model can sample a padding id; it decodes as empty text,
+        as in transformers, instead of failing the request.
+        """
+        return Tokenizer(
+            self.backend,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            chat_template=self.chat_template,
+            model_vocab_size=model_vocab_size,
+        )
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
@@ -329,10 +347,15 @@ class Tokenizer:
         template = _folder_chat_template(folder, config)
         return cls(backend, bos_token=bos, eos_token=eos, chat_template=template)
 
-    @property
+    @cached_property
     def vocab_size(self) -> int:
         """Number of token ids, added tokens included (transformers' `len(tokenizer)`)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def num_ids(self) -> int:
+        """Ids `decode` accepts: the tokenizer's, then any padding ids of the model's."""
+        return max(self.vocab_size, self.model_vocab_size)
 
     @property
     def bos_token_id(self) -> int | None:
@@ -353,16 +376,20 @@ class Tokenizer:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of `ids`; the model's padding ids (past the vocabulary) add none."""
         self._check_ids(ids)
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        size = self.vocab_size
+        known = [i for i in ids if i < size]
+        return self.backend.decode(known, skip_special_tokens=skip_special_tokens)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-        """The vocabulary entries themselves (byte-level spelling: a space shows as 'Ġ')."""
+        """The vocabulary entries themselves (byte-level spelling: a space shows as 'Ġ');
+        a padding id of the model's is ""."""
         self._check_ids(ids)
-        return [self.backend.id_to_token(i) for i in ids]
+        return [self.backend.id_to_token(i) or "" for i in ids]
 
     def _check_ids(self, ids: Sequence[int]) -> None:
-        size = self.vocab_size
+        size = self.num_ids
         bad = [i for i in ids if not 0 <= i < size]
         if bad:  # the backend would silently drop them
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {size})")

@@ -117,6 +117,7 @@ class AsyncEngine:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="minserve-engine", daemon=True)
         self._running = threading.Event()  # the loop runs, in that thread or in `run()`
+        self.crash: BaseException | None = None  # what ended the loop, if it crashed
 
     # --- the handler side (asyncio thread) ---
 
@@ -128,13 +129,16 @@ class AsyncEngine:
         return self
 
     def run(self) -> None:
-        """Run the engine loop in the calling thread until `shutdown()` or Ctrl-C.
+        """Run the engine loop in the calling thread until `shutdown()` or Ctrl-C; raise
+        EngineStoppedError if it crashed (`minserve serve` then exits non-zero).
 
         `minserve serve` runs it in the main thread: OpenMP answers fastest there (the same
         decode step took about 1.5x as long from a second thread on a 2-core CPU, since
         that thread's OpenMP workers sleep between parallel regions)."""
         self._running.set()
         self._loop()
+        if self.crash is not None:
+            raise EngineStoppedError(f"the engine loop crashed: {self.crash!r}") from self.crash
 
     def shutdown(self) -> None:
         if self._running.is_set():
@@ -208,6 +212,8 @@ class AsyncEngine:
             self._refuse_all(EngineStoppedError("the server is shutting down"))
             raise
         except BaseException as error:  # a bug outside step(): no handler may wait forever
+            self.crash = error
+            self._running.clear()  # /health answers 503 from here on
             logger.exception("the engine loop crashed")
             self._refuse_all(EngineStoppedError(f"the engine loop crashed: {error!r}"))
         finally:
@@ -263,7 +269,7 @@ class AsyncEngine:
         try:
             outputs = self.engine.step()
         except RequestsFailedError as lost:  # only these requests failed; stream the others
-            self._fail([rid for rid in lost.request_ids if rid in self._sinks], lost)
+            self._fail_alone(lost)
             outputs = lost.outputs
         except Exception as error:  # keep serving: fail the step's requests, not the server
             logger.exception("an engine step failed; aborting the requests it ran")
@@ -281,6 +287,14 @@ class AsyncEngine:
                 self._release()
             sink.put(output)
 
+    def _fail_alone(self, lost: RequestsFailedError) -> None:
+        """Requests that failed alone (the engine aborted them): each gets its own reason."""
+        failed = [rid for rid in lost.request_ids if rid in self._sinks]
+        self.metrics.request_failures.inc(len(failed))
+        for request_id in failed:
+            reason = f"{lost.reasons[request_id]}; request aborted"
+            self._fail([request_id], RequestsFailedError(reason, [request_id], []))
+
     def _fail_step(self, error: StepFailedError) -> None:
         """Fail the requests the step scheduled; all of them if it failed before a batch."""
         in_step = None if error.request_ids is None else set(error.request_ids)
@@ -292,9 +306,14 @@ class AsyncEngine:
         self._fail(list(self._sinks), error)
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
-        """Abort these requests (their blocks go back to the pool) and send each the error."""
+        """Abort these requests (their blocks go back to the pool) and send each the error.
+
+        Aborting touches no token (nothing is decoded again), so it cannot fail on the
+        tokens that failed the request."""
         for request_id in request_ids:
-            sink = self._sinks.pop(request_id)
+            sink = self._sinks.pop(request_id, None)
+            if sink is None:  # finished or failed already
+                continue
             self.engine.abort_request(request_id)
             self.metrics.forget(request_id)
             self._release()

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,7 @@ def _topology(text: str) -> PDTopology:
 
 def _serve(args: argparse.Namespace) -> int:
     from minserve.server.app import build_disaggregated_server, build_server
+    from minserve.server.async_engine import EngineStoppedError
     from minserve.server.serving import ServerConfig
 
     if args.disaggregation is None:
@@ -104,6 +106,9 @@ def _serve(args: argparse.Namespace) -> int:
     server = build(llm, config, args.max_queued_requests)
     try:
         run_until_stopped(server, args.host, args.port)
+    except EngineStoppedError as crashed:  # an orchestrator restarts what exits non-zero
+        print(f"minserve: {crashed}; exiting with status 1", file=sys.stderr)
+        return 1
     finally:
         llm.shutdown()  # stops tensor-parallel workers or disaggregated instances, if any
     return 0
@@ -111,7 +116,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def run_until_stopped(server: Server, host: str, port: int) -> None:
     """HTTP (uvicorn) in a thread, the engine loop in this one, the main thread, where
-    OpenMP runs the model fastest; until Ctrl-C or SIGTERM."""
+    OpenMP runs the model fastest; until Ctrl-C or SIGTERM. Raises EngineStoppedError if
+    the engine loop crashed (`/health` has answered 503 since)."""
     from minserve.server.background import BackgroundServer
 
     http = BackgroundServer(server, host, port, log_level="info", start_engine=False)

@@ -6,7 +6,8 @@
 2. speculative decoding: propose drafts in the slots the scheduler reserved;
 3. lay the chunks out as one flat batch and run the decoder over it (`ModelRunner`);
 4. sample: every row plain greedy -> the argmax straight from the head (no logits kept);
-   otherwise the sampler over the logits rows; speculating -> verify the drafts.
+   otherwise the sampler over the logits rows; speculating -> verify the drafts. A row the
+   sampler cannot draw from fails its request alone (`ModelRunnerOutput.failed`).
 
 It decides nothing about scheduling and keeps no scheduling state: what it returns
 (`ModelRunnerOutput`) goes back to `Scheduler.update_from_output`. With tensor parallelism
@@ -34,6 +35,7 @@ from minserve.speculative.decoder import Proposal, SpeculativeDecoder
 from minserve.step_timings import PhaseClock
 
 Sampled = dict[int, tuple[SampledTokens, ...]]
+Failed = dict[str, str]  # request id -> why its sampling failed
 
 
 class StepPeers(Protocol):
@@ -95,13 +97,14 @@ class Worker:
         if self.peers is not None:
             self.peers.send(inputs, scheduler_output.block_ops)
         try:
-            sampled = self._forward_and_sample(scheduler_output, inputs, proposal, clock)
+            sampled, failed = self._forward_and_sample(scheduler_output, inputs, proposal, clock)
         except RuntimeError as error:  # with peers: a collective inside the forward
             if self.peers is None:
                 raise
             raise self.peers.failure(error) from error
         return ModelRunnerOutput(
             sampled=sampled,
+            failed=failed,
             num_drafts={k: len(v) for k, v in proposal.drafts.items()} if proposal else {},
             num_draft_rounds=proposal.num_rounds if proposal else 0,
             timings=clock.timings,
@@ -113,7 +116,7 @@ class Worker:
         inputs: ModelInputs,
         proposal: Proposal | None,
         clock: PhaseClock,
-    ) -> Sampled:
+    ) -> tuple[Sampled, Failed]:
         chunks = [c for c in scheduler_output.chunks if c.samples]  # one logits row each
         rows = [row for c in chunks for row in c.samples]
         if proposal is None and all(is_plain_greedy(row) for row in rows):
@@ -122,28 +125,36 @@ class Worker:
             tokens = [[(t,)] * len(c.samples) for c, t in zip(chunks, greedy_ids)]
             sampled = _per_chunk(chunks, tokens, [[(None,)] * len(c.samples) for c in chunks])
             clock.lap("sample")
-            return sampled
+            return sampled, {}
         logits = self.runner.forward(inputs)  # [num_sampling rows, vocab]
         clock.lap("forward")
         if proposal is not None:
             assert self.speculator is not None
-            sampled = self.speculator.verify(chunks, proposal, logits, self.sampler)
+            sampled, failed = self.speculator.verify(chunks, proposal, logits, self.sampler), {}
         else:
-            sampled = self._sample(chunks, rows, logits)
+            sampled, failed = self._sample(chunks, rows, logits)
         clock.lap("sample")
-        return sampled
+        return sampled, failed
 
-    def _sample(self, chunks: Sequence, rows: list[SamplingRow], logits: torch.Tensor) -> Sampled:
-        """One token per sampling row; a chunk's rows (n samples) share its logits row."""
+    def _sample(
+        self, chunks: Sequence, rows: list[SamplingRow], logits: torch.Tensor
+    ) -> tuple[Sampled, Failed]:
+        """One token per sampling row; a chunk's rows (n samples) share its logits row. A
+        chunk with a row the sampler could not draw from fails its request."""
         logits_rows = [i for i, c in enumerate(chunks) for _ in c.samples]
         result = self.sampler(logits[logits_rows], rows)
-        tokens, logprobs, first = [], [], 0
+        kept, tokens, logprobs, failed, first = [], [], [], {}, 0
         for c in chunks:
-            count = len(c.samples)
-            tokens.append([(t,) for t in result.token_ids[first : first + count]])
-            logprobs.append([(lp,) for lp in result.logprobs[first : first + count]])
-            first += count
-        return _per_chunk(chunks, tokens, logprobs)
+            span = range(first, first + len(c.samples))
+            first = span.stop
+            reasons = [result.failed[i] for i in span if i in result.failed]
+            if reasons:
+                failed[c.request_id] = f"the sampler could not draw a token: {reasons[0]}"
+                continue
+            kept.append(c)
+            tokens.append([(result.token_ids[i],) for i in span])
+            logprobs.append([(result.logprobs[i],) for i in span])
+        return _per_chunk(kept, tokens, logprobs), failed
 
     def release(self, seq_ids: list[int]) -> None:
         """Drop what is kept per sequence for these finished ones (a draft model's KV)."""
