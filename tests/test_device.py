@@ -74,3 +74,40 @@ def test_decode_splits_follow_the_gpu_the_tensors_are_on(gpus, monkeypatch) -> N
     assert choose_num_splits(2, 4, 8192, torch.device("cuda", 0)) == 32  # 264/8, at most 8192/256
     assert choose_num_splits(2, 4, 8192, torch.device("cuda", 1)) == 4  # ceil(32 / 8)
     assert choose_num_splits(2, 4, 8192, torch.device("cpu")) == 1
+
+
+def test_seeded_rows_draw_on_their_cpu_generator_for_any_device(monkeypatch) -> None:
+    """CUDA refuses a CPU generator for a draw on the GPU; emulate that check on `meta`."""
+    from minserve.model.sampler import SamplingRow, row_uniforms
+    from minserve.request import seeded_generator
+    from minserve.sampling_params import SamplingParams
+
+    real_rand = torch.rand
+
+    def strict_rand(*size, generator=None, device=None, **options):
+        if generator is not None and torch.device(device or "cpu") != generator.device:
+            raise RuntimeError("Expected a generator on the device it draws on")
+        return real_rand(*size, generator=generator, device=device, **options)
+
+    rows = [
+        SamplingRow(SamplingParams(seed=seed), [1], [], seeded_generator(seed, 0), ())
+        for seed in (7, None, 8)
+    ]
+    on_cpu = row_uniforms(rows, torch.device("cpu"))
+    rows = [replace_generator(row) for row in rows]
+    monkeypatch.setattr(torch, "rand", strict_rand)
+    elsewhere = row_uniforms(rows, torch.device("meta"))  # a device other than the CPU
+    assert elsewhere.device.type == "meta" and elsewhere.shape == (3,)
+    monkeypatch.setattr(torch, "rand", real_rand)
+    again = row_uniforms([replace_generator(row) for row in rows], torch.device("cpu"))
+    assert again[0] == on_cpu[0] and again[2] == on_cpu[2]  # a seed draws the same stream
+
+
+def replace_generator(row):
+    from dataclasses import replace
+
+    from minserve.request import seeded_generator
+
+    if row.generator is None:
+        return row
+    return replace(row, generator=seeded_generator(row.params.seed, 0))

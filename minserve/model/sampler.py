@@ -38,7 +38,7 @@ class SamplingRow:
     params: SamplingParams
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
-    generator: torch.Generator | None  # on the logits' device; None: the global RNG
+    generator: torch.Generator | None  # a CPU generator; None: the global RNG
     eos_token_ids: tuple[int, ...] = ()  # forbidden, with stop_token_ids, until min_tokens
 
 
@@ -321,11 +321,13 @@ def per_row(
 
 
 def row_uniforms(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
-    """One U[0, 1) draw per row: [rows]. Seeded rows draw from their own generator."""
+    """One U[0, 1) draw per row: [rows]. Seeded rows draw from their own generator, a CPU
+    one (so a seed gives the same tokens on any device), and the draws move to `device`."""
     u = torch.rand(len(rows), device=device)  # the global RNG, for unseeded rows
-    for i, row in enumerate(rows):
-        if row.generator is not None:
-            u[i] = torch.rand(1, generator=row.generator, device=device)[0]
+    seeded = [i for i, row in enumerate(rows) if row.generator is not None]
+    if seeded:
+        draws = [torch.rand(1, generator=rows[i].generator)[0] for i in seeded]
+        u[seeded] = torch.stack(draws).to(device)
     return u
 
 
