@@ -22,6 +22,7 @@ class CacheConfig:
     swap_space: float = 0.0  # GiB of host memory for preempted sequences' blocks (0: recompute)
     enable_prefix_caching: bool = False  # keep computed prompt blocks in a radix tree for reuse
     kv_offloading_size: float = 0.0  # GiB of host memory for evicted cached blocks (0: drop them)
+    gpu_memory_utilization: float = 0.9  # on a GPU with no size given: the share of its memory
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -36,6 +37,10 @@ class CacheConfig:
             )
         if self.swap_space < 0:
             raise ValueError(f"swap_space (GiB) must be >= 0, got {self.swap_space}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.kv_offloading_size < 0:
             raise ValueError(
                 f"kv_offloading_size (GiB) must be >= 0, got {self.kv_offloading_size}"

@@ -21,9 +21,10 @@ decoded) aborts that request, the step goes on for the others, and `step()` rais
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minserve.attention.backends import get_attention_backend
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
@@ -47,7 +48,10 @@ from minserve.scheduler.scheduler import Scheduler
 from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
 from minserve.step_timings import PhaseClock, StepTimings
+from minserve.worker.memory import GIB, measure_kv_cache_budget
 from minserve.worker.worker import StepPeers, Worker
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,26 @@ def observe_steps(engine: LLMEngine) -> Iterator[list[StepRecord]]:
         engine.observers.remove(records.append)
 
 
+def _size_for_device(
+    cache_config: CacheConfig, loaded: LoadedModel, scheduler_config: SchedulerConfig
+) -> tuple[CacheConfig, bool]:
+    """On a GPU with no pool size given, the pool takes what `gpu_memory_utilization` leaves
+    after the weights and the largest step's activations (measured). True if sized so."""
+    device = next(loaded.model.parameters()).device
+    given = cache_config.num_blocks is not None or cache_config.kv_cache_memory_bytes is not None
+    if device.type != "cuda" or given:
+        return cache_config, False
+    budget = measure_kv_cache_budget(
+        loaded.model, cache_config.gpu_memory_utilization,
+        scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs,
+    )  # fmt: skip
+    return replace(cache_config, kv_cache_memory_bytes=budget), True
+
+
+def caps_below(caps: dict[str, int], limit: int) -> bool:
+    return any(cap < limit for cap in caps.values())
+
+
 class LLMEngine:
     """Continuous batching over a paged KV cache (vLLM's design, small)."""
 
@@ -95,10 +119,15 @@ class LLMEngine:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
         param = next(loaded.model.parameters())
+        cache_config, sized_by_memory = _size_for_device(cache_config, loaded, scheduler_config)
         num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, param.dtype)
         pool = PagedKVPool(
             loaded.config, num_blocks, cache_config.block_size, param.dtype, param.device
         )
+        logger.info(
+            "KV pool: %d blocks of %d tokens = %d tokens, %.2f GiB",
+            num_blocks, pool.block_size, num_blocks * pool.block_size, pool.nbytes / GIB,
+        )  # fmt: skip
         self.execution = loaded.execution.with_attention(attention_backend)  # how it runs
         backend = get_attention_backend(self.execution.attention)
         self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
@@ -106,9 +135,19 @@ class LLMEngine:
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
             caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
-        self.max_model_len = resolve_max_model_len(
-            max_model_len, loaded.config.max_position_embeddings, caps
-        )
+        model_limit = loaded.config.max_position_embeddings
+        if sized_by_memory and max_model_len is None and caps_below(caps, model_limit):
+            raise ValueError(
+                f"the model's max_model_len ({model_limit}) does not fit the KV cache "
+                f"({num_blocks * pool.block_size} tokens in {pool.nbytes / GIB:.2f} GiB); "
+                "give a smaller max_model_len, or raise gpu_memory_utilization"
+            )
+        self.max_model_len = resolve_max_model_len(max_model_len, model_limit, caps)
+        if self.max_model_len < model_limit and max_model_len is None:
+            logger.info(
+                "max_model_len %d: capped by %s (the model allows %d)",
+                self.max_model_len, min(caps, key=caps.__getitem__), model_limit,
+            )  # fmt: skip
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
         drafts = DraftPlanner(speculative_config) if speculative_config is not None else None
         self.scheduler = scheduler_cls(scheduler_config, self.kv, self.rules, drafts)

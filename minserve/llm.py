@@ -61,6 +61,7 @@ class LLM:
         block_size: int = 16,
         num_blocks: int | None = None,
         kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.9,
         swap_space: float = 0.0,
         enable_prefix_caching: bool = False,
         kv_offloading_size: float = 0.0,
@@ -83,7 +84,7 @@ class LLM:
         speculative = _speculative(speculative_config, engine, tensor_parallel_size)
         cache = CacheConfig(
             block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching,
-            kv_offloading_size,
+            kv_offloading_size, gpu_memory_utilization,
         )  # fmt: skip
         scheduler = SchedulerConfig(
             max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy

@@ -33,6 +33,10 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: budget)")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV pool budget")
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9,
+        help="on a GPU: the share of its memory for weights, activations and the KV pool",
+    )  # fmt: skip
     p.add_argument("--swap-space", type=float, default=0.0, help="GiB of host swap for KV")
     p.add_argument("--enable-prefix-caching", action="store_true", help="radix prefix cache")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -166,6 +170,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         dtype=args.dtype, max_model_len=args.max_model_len,
         block_size=args.block_size, num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes, swap_space=args.swap_space,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
