@@ -49,6 +49,7 @@ from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
 from minserve.step_timings import PhaseClock, StepTimings
 from minserve.worker.memory import GIB, measure_kv_cache_budget
+from minserve.worker.warmup import warm_up
 from minserve.worker.worker import StepPeers, Worker
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,9 @@ class LLMEngine:
         self.execution = loaded.execution.with_attention(attention_backend)  # how it runs
         backend = get_attention_backend(self.execution.attention)
         self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
+        if self.execution.attention == "triton" and pool.device.type == "cuda":
+            seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
+            logger.info("warm-up: the Triton kernels' step shapes ran once in %.1f s", seconds)
         self.kv = self._kv_manager(cache_config, block_allocator_cls, prefix_cache_cls, pool)
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
