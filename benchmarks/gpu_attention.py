@@ -37,12 +37,14 @@ DRY_DECODE, DRY_PREFILL = [(2, 5), (3, 37)], [(2, 5, 0), (1, 7, 9)]
 BLOCK_SIZE = 16
 
 
-def paged_kv(contexts: list[int], layout: tuple, dtype, device) -> dict[str, torch.Tensor]:
+def paged_kv(
+    contexts: list[int], layout: tuple, dtype, device, block_size: int = BLOCK_SIZE
+) -> dict[str, torch.Tensor]:
     """Random K/V for each context in shuffled blocks of a pool padded with spare blocks."""
     _, kv_heads, dim = layout
-    blocks = [-(-c // BLOCK_SIZE) for c in contexts]
+    blocks = [-(-c // block_size) for c in contexts]
     total = sum(blocks) + 4
-    shape = (total, BLOCK_SIZE, kv_heads, dim)
+    shape = (total, block_size, kv_heads, dim)
     perm = torch.randperm(total, device=device).to(torch.int32)
     tables = torch.zeros(len(contexts), max(blocks), dtype=torch.int32, device=device)
     start = 0
