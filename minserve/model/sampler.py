@@ -150,8 +150,8 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
     seen, produced, counts = seen.to(device), produced.to(device), counts.to(device)
     repetition = per_row(rows, "repetition_penalty", device)[seen // vocab]  # [num_seen]
     values = flat[seen]
-    penalized = torch.where(values > 0, values / repetition, values * repetition)
-    flat[seen] = torch.where(values.isfinite(), penalized.clamp(max=FLOAT32_MAX), values)
+    repeated = torch.where(values > 0, values / repetition, values * repetition)
+    flat[seen] = torch.where(values.isfinite(), repeated.clamp(max=FLOAT32_MAX), values)
     frequency = per_row(rows, "frequency_penalty", device)[produced // vocab]  # [num_produced]
     presence = per_row(rows, "presence_penalty", device)[produced // vocab]
     flat[produced] -= frequency * counts + presence
