@@ -133,6 +133,11 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.loaded.tokenizer
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to vocab_size - 1 (the model's embedding rows)."""
+        return self.loaded.config.vocab_size
+
     def get_metrics(self) -> dict[str, float]:
         """Engine counters: steps, preemptions, swaps, KV usage, tokens (paged engine only)."""
         if self.engine is None:

@@ -31,11 +31,13 @@ def in_process_client(server: Server, api_key: str = "unused") -> AsyncOpenAI:
 
 
 def wait_until_idle(server: Server, timeout_s: float = 10.0) -> dict[str, float]:
-    """The engine's stats once no request is in flight (aborts are applied asynchronously)."""
+    """The engine's stats once no request is in flight and every block is free or held only
+    by the prefix cache (aborts are applied asynchronously)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stats = server.engine.stats
-        if stats["num_free_blocks"] == stats["num_blocks"] and not server.engine.num_in_flight:
+        unheld = stats["num_free_blocks"] + stats["prefix_cache_evictable_blocks"]
+        if unheld == stats["num_blocks"] and not server.engine.num_in_flight:
             return stats
         time.sleep(0.02)
     raise AssertionError(f"requests still hold blocks after {timeout_s}s: {server.engine.stats}")

@@ -26,7 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from minserve.router.policy import POLICIES, Decision, Policy, make_policy
 from minserve.router.prefix_index import Key, prompt_key
 from minserve.router.replicas import Replica, parse_replica_url, render_metrics
-from minserve.server.errors import APIError, install_error_handlers, read_json_body
+from minserve.server.body import read_json_body
+from minserve.server.errors import APIError, install_error_handlers
 
 FORWARDED_HEADERS = ("authorization", "content-type")
 REPLICA_HEADER = "x-minserve-replica"  # which replica answered: for logs, tests, curiosity

@@ -1,7 +1,8 @@
 """The FastAPI app: OpenAI's routes over one `AsyncEngine`, plus health and metrics.
 
 POST /v1/completions        POST /v1/chat/completions      GET /v1/models
-GET  /health                GET  /metrics (Prometheus text)
+GET  /v1/models/{model_id}  GET  /health                   GET /metrics (Prometheus text)
+GET  /openapi.json          (request models, limits and error responses: openapi.py)
 """
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from minserve.llm import LLM
 from minserve.server.async_engine import AsyncEngine
 from minserve.server.errors import APIError, check_api_key, install_error_handlers
+from minserve.server.limits import ServerLimits
 from minserve.server.metrics import ServerMetrics
-from minserve.server.serving import OpenAIServing, ServerConfig
+from minserve.server.openapi import (
+    PROMETHEUS_TEXT,
+    errors,
+    generation_responses,
+    install_openapi,
+    request_body,
+)
+from minserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from minserve.server.serving import OpenAIServing, ServerConfig, check_model
 
 if TYPE_CHECKING:
     from minserve.disagg.proxy_engine import DisaggregatedEngine
@@ -71,31 +81,46 @@ def create_app(
 ) -> FastAPI:
     app = FastAPI(title="minserve", summary="An OpenAI-compatible server over minserve's engine")
     install_error_handlers(app)
-    serving = OpenAIServing(engine, llm.get_tokenizer(), config)
+    limits = ServerLimits(llm.max_model_len, engine.engine.scheduler_config.max_num_seqs,
+                          engine.capacity, llm.vocab_size)  # fmt: skip
+    keyed = config.api_key is not None
+    install_openapi(app, limits, config.scheduling_policy == "priority", keyed)
+    serving = OpenAIServing(engine, llm.get_tokenizer(), config, limits)
     created = int(time.time())
+    generation = generation_responses(keyed)
 
-    @app.post("/v1/completions")
+    def card() -> dict:
+        return {"id": config.model_name, "object": "model", "created": created,
+                "owned_by": "minserve", "max_model_len": llm.max_model_len}  # fmt: skip
+
+    @app.post("/v1/completions", responses=generation,
+              openapi_extra=request_body(CompletionRequest))  # fmt: skip
     async def completions(request: Request) -> Response:
         return await serving.completions(request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=generation,
+              openapi_extra=request_body(ChatCompletionRequest))  # fmt: skip
     async def chat_completions(request: Request) -> Response:
         return await serving.chat(request)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=errors(keyed=keyed))
     async def models(request: Request) -> JSONResponse:
         check_api_key(request, config.api_key)
-        card = {"id": config.model_name, "object": "model", "created": created,
-                "owned_by": "minserve", "max_model_len": llm.max_model_len}  # fmt: skip
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [card()]})
 
-    @app.get("/health")
-    async def health() -> Response:
+    @app.get("/v1/models/{model_id:path}", responses=errors(404, keyed=keyed))
+    async def model(model_id: str, request: Request) -> JSONResponse:
+        check_api_key(request, config.api_key)
+        check_model(model_id, config.model_name)
+        return JSONResponse(card())
+
+    @app.get("/health", responses=errors(503))
+    async def health() -> JSONResponse:
         if not engine.is_running:
             raise APIError(503, "the engine loop is not running", code="engine_dead")
-        return Response(status_code=200)
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=PROMETHEUS_TEXT)
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -110,6 +110,7 @@ class AsyncEngine:
         self.engine, self.metrics = engine, metrics
         self.capacity = engine.scheduler_config.max_num_seqs + max_queued
         self.stats: dict[str, float] = engine.get_metrics()  # a snapshot, replaced each loop
+        metrics.set_engine_stats(self.stats)  # the pool's size is known before the loop runs
         self._inbox: queue.Queue = queue.Queue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
         self._in_flight = 0
@@ -228,16 +229,27 @@ class AsyncEngine:
                 command.accepted.set_exception(stopped)
 
     def _serve_forever(self) -> None:
+        """Apply what the handlers sent, step, repeat. The metrics snapshot is retaken after
+        every change (commands applied, a step run), so a scrape during a long step sees
+        the requests it runs (as waiting, if the step admits them) rather than the state
+        before they arrived."""
+        self._publish_stats()
         while True:
-            for command in self._commands(wait=not self.engine.has_unfinished_requests()):
+            commands = self._commands(wait=not self.engine.has_unfinished_requests())
+            for command in commands:
                 if command is _STOP:
                     self._fail_all(EngineStoppedError("the server is shutting down"))
                     return
                 self._apply(command)
+            if commands:
+                self._publish_stats()
             if self.engine.has_unfinished_requests():
                 self._step()
-            self.stats = self.engine.get_metrics()
-            self.metrics.set_engine_stats(self.stats)
+                self._publish_stats()
+
+    def _publish_stats(self) -> None:
+        self.stats = self.engine.get_metrics()
+        self.metrics.set_engine_stats(self.stats)
 
     def _commands(self, wait: bool) -> list:
         commands = [self._inbox.get()] if wait else []

@@ -7,9 +7,9 @@ it can read and the server goes on serving.
 from __future__ import annotations
 
 import hmac
-import json
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
@@ -21,6 +21,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "server_error",
     503: "overloaded_error",
 }
@@ -30,10 +31,12 @@ class APIError(Exception):
     """A request the server refuses, with the HTTP status and OpenAI error fields."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
-    ) -> None:
+        self, status: int, message: str, param: str | None = None, code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers  # e.g. Allow on a 405, WWW-Authenticate on a 401
 
     def body(self) -> dict:
         kind = ERROR_TYPES.get(self.status, "invalid_request_error")
@@ -41,15 +44,19 @@ class APIError(Exception):
                           "code": self.code}}  # fmt: skip
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def from_validation(error: ValidationError) -> APIError:
     """A pydantic error as a 400 naming the first bad field ("messages.0.role: ...")."""
-    first = error.errors()[0]
+    return _first_problem(error.errors())
+
+
+def _first_problem(errors: list) -> APIError:
+    first = errors[0]
     param = ".".join(str(part) for part in first["loc"] if _is_field(part)) or None
     message = first["msg"] if param is None else f"{param}: {first['msg']}"
-    count = error.error_count()
+    count = len(errors)
     if count > 1:
         message += f" (and {count - 1} more problem{'s' * (count > 2)})"
     return APIError(400, message, param=param, code=first["type"])
@@ -65,32 +72,6 @@ def _is_field(part: str | int) -> bool:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
-async def read_json_body(request: Request, max_bytes: int) -> bytes:
-    """The raw body, refused with 413 past `max_bytes` (checked as it streams in)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(int(declared), max_bytes)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
-            raise _too_large(len(body), max_bytes)
-    try:
-        json.loads(body.decode("utf-8"))  # reject before pydantic: clearer messages
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"request body is not valid UTF-8: {e}", code="invalid_utf8") from e
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from e
-    return bytes(body)
-
-
-def _too_large(size: int, max_bytes: int) -> APIError:
-    return APIError(
-        413, f"request body has {size} bytes; this server accepts at most {max_bytes}",
-        code="request_too_large",
-    )  # fmt: skip
-
-
 def check_api_key(request: Request, api_key: str | None) -> None:
     """`Authorization: Bearer KEY`, compared in constant time (no timing side channel)."""
     if api_key is None:
@@ -98,7 +79,8 @@ def check_api_key(request: Request, api_key: str | None) -> None:
     given = request.headers.get("authorization", "")
     scheme, _, token = given.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), api_key.encode()):
-        raise APIError(401, "missing or invalid API key", code="invalid_api_key")
+        raise APIError(401, "missing or invalid API key", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -110,7 +92,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, error: HTTPException) -> JSONResponse:
-        return APIError(error.status_code, str(error.detail)).response()
+        return APIError(error.status_code, str(error.detail), headers=error.headers).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_parameter(_: Request, error: RequestValidationError) -> JSONResponse:
+        return _first_problem(list(error.errors())).response()  # a 400, as for bodies
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, error: Exception) -> JSONResponse:

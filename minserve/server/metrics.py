@@ -9,7 +9,9 @@ Latencies are histograms observed by the engine thread as tokens come out:
 
 Engine gauges and counters (running, waiting, KV usage, preemptions, tokens, and with
 speculative decoding on, drafts and accepted tokens) are read from the engine's latest
-`get_metrics()` snapshot when Prometheus scrapes.
+`get_metrics()` snapshot when Prometheus scrapes; the engine thread retakes it after every
+change. When no request is in flight, free + evictable blocks = total blocks: a block
+counted in neither is held by a request that should be gone.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ GAUGES = {
     "kv_cache_usage": ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)"),
     "num_free_blocks": ("kv_cache_free_blocks", "KV-cache blocks free"),
     "num_blocks": ("kv_cache_total_blocks", "KV-cache blocks in the pool"),
-}
+    "prefix_cache_evictable_blocks": ("kv_cache_evictable_blocks",
+                                      "KV-cache blocks held only by the prefix cache (evictable)"),
+}  # fmt: skip
 COUNTERS = {
     "num_preemptions": ("num_preemptions", "Sequences preempted (recompute or swap)"),
     "prompt_tokens": ("prompt_tokens", "Prompt tokens received"),

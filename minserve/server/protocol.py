@@ -2,23 +2,87 @@
 
 Every field is honoured or the request is refused: unknown fields (`echo`, `tools`,
 `logit_bias`, ...) are rejected with 400 rather than silently ignored, and values must have
-their JSON type ("5" is not a number). Ranges are checked once, by `SamplingParams`.
+their JSON type ("5" is not a number). Two rules follow JSON's number model rather than
+Python's: an integral float (2.0) is an integer, as OpenAI's API takes it, and numbers are
+finite (Python's JSON reader would take `Infinity`, `NaN` and 1e999). Integers fit in 64
+bits, what the engine's tensors and random generators hold.
+
+The ranges of the sampling options are checked once, by `SamplingParams`, and written into
+the JSON schema (`bounds`), so /openapi.json tells clients what is allowed.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from functools import partial
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from minserve.sampling_params import SamplingParams
 
 MAX_N = 16  # samples per request: a cap so that one request cannot take every seat
 MAX_LOGPROBS = 20  # vLLM's cap on top logprobs per token
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+UINT64_MAX = 2**64 - 1  # a seed may be given signed or unsigned
+SLO_CLASSES = ("interactive", "standard", "batch")  # minserve.scheduler.policy's names
+
+
+def _integral(value: object, low: int, high: int) -> object:
+    """2.0 -> 2; refuse 2.5, inf, nan and integers outside [low, high]."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise PydanticCustomError("int_from_float", "must be an integer, got {value}",
+                                      {"value": value})  # fmt: skip
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and not low <= value <= high:
+        raise PydanticCustomError("int_range", "must be an integer in [{low}, {high}]",
+                                  {"low": low, "high": high})  # fmt: skip
+    return value  # anything else meets the strict int check: "5" and true are refused
+
+
+def integer(low: int = INT64_MIN, high: int = INT64_MAX) -> Any:
+    """An integer field in [low, high] that also takes an integral float, as JSON counts it."""
+    return Annotated[
+        int,
+        BeforeValidator(partial(_integral, low=low, high=high)),
+        schema({"type": "integer", "minimum": low, "maximum": high}),
+    ]
+
+
+def schema(json_schema: dict) -> WithJsonSchema:
+    """The JSON schema of a field whose rules pydantic's own schema cannot say."""
+    return WithJsonSchema(json_schema)
+
+
+Int64 = integer()
+Seed = integer(INT64_MIN, UINT64_MAX)
+INT64 = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
+TEXT = {"type": "string", "minLength": 1}  # empty stop strings and prompts are refused
+Stop = Annotated[str | list[str], schema({"anyOf": [TEXT, {"type": "array", "items": TEXT}]})]
+TokenIds = Annotated[list[Int64], schema({"type": "array", "items": TOKEN_ID})]
+Priority = Annotated[Int64 | str, schema({"anyOf": [INT64, {"enum": list(SLO_CLASSES)}]})]
+Prompt = Annotated[
+    str | list[str] | list[Int64] | list[list[Int64]],
+    schema({"anyOf": [
+        TEXT,  # one prompt
+        {"type": "array", "items": TEXT, "minItems": 1},  # a batch of prompts
+        {"type": "array", "items": TOKEN_ID, "minItems": 1},  # one prompt's token ids
+        {"type": "array", "minItems": 1,
+         "items": {"type": "array", "items": TOKEN_ID, "minItems": 1}},  # a batch of them
+    ]}),
+]  # fmt: skip
+
+
+def bounds(**keywords: float) -> Any:
+    """JSON-schema bounds of a field whose range `SamplingParams` checks."""
+    names = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum"}
+    return {names[k]: v for k, v in keywords.items()}
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -29,25 +93,30 @@ class _SamplingRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI + vLLM extras)."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    n: integer(1, MAX_N) = 1
+    temperature: float = Field(1.0, json_schema_extra=bounds(ge=0))
+    top_p: float = Field(1.0, json_schema_extra=bounds(gt=0, le=1))
+    top_k: Int64 = Field(0, json_schema_extra=bounds(ge=-1))
+    min_p: float = Field(0.0, json_schema_extra=bounds(ge=0, le=1))
+    presence_penalty: float = Field(0.0, json_schema_extra=bounds(ge=-2, le=2))
+    frequency_penalty: float = Field(0.0, json_schema_extra=bounds(ge=-2, le=2))
+    repetition_penalty: float = Field(1.0, json_schema_extra=bounds(gt=0))
+    seed: Seed | None = None
+    stop: Stop | None = None
+    stop_token_ids: TokenIds | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Int64 = Field(0, json_schema_extra=bounds(ge=0))
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    priority: int | str | None = None  # an int (lower first) or an SLO class name
+    priority: Priority | None = None  # an int (lower first) or an SLO class name
     user: str | None = None  # an end-user id for the caller's own logs; not used here
+
+    @property
+    def max_tokens_param(self) -> str:
+        """The field that bounds the output, as named in errors."""
+        return "max_tokens"
 
     @property
     def include_usage(self) -> bool:
@@ -79,9 +148,9 @@ class _SamplingRequest(_Strict):
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions: one prompt or a batch (text or token ids)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt: Prompt
+    max_tokens: Int64 | None = Field(16, json_schema_extra=bounds(ge=1))
+    logprobs: integer(0, MAX_LOGPROBS) | None = None
 
     def sampling_params(self) -> SamplingParams:
         return self._sampling_params(self.max_tokens, self.logprobs)
@@ -118,10 +187,14 @@ class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions: messages rendered with the model's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int64 | None = Field(None, json_schema_extra=bounds(ge=1))
+    max_completion_tokens: Int64 | None = Field(None, json_schema_extra=bounds(ge=1))
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: integer(0, MAX_LOGPROBS) | None = None
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
 
     def sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:

@@ -31,7 +31,9 @@ from minserve.server.async_engine import (
     RequestsFailedError,
     RequestStream,
 )
-from minserve.server.errors import APIError, check_api_key, from_validation, read_json_body
+from minserve.server.body import read_json_body, require_json
+from minserve.server.errors import APIError, check_api_key, from_validation
+from minserve.server.limits import ServerLimits
 from minserve.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
 from minserve.server.responses import ChatFormat, ChoiceFormat, CompletionFormat, sse, usage
 from minserve.server.streaming import ChoiceStream, token_counts, whole_pieces
@@ -53,12 +55,16 @@ class ServerConfig:
 class OpenAIServing:
     """Handlers for /v1/completions and /v1/chat/completions over one `AsyncEngine`."""
 
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig) -> None:
-        self.engine, self.tokenizer, self.config = engine, tokenizer, config
+    def __init__(
+        self, engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig, limits: ServerLimits
+    ) -> None:
+        self.engine, self.tokenizer, self.config, self.limits = engine, tokenizer, config, limits
 
     async def completions(self, request: Request) -> Response:
         body = await self._parse(request, CompletionRequest)
-        prompts = [self._tokenize(p) for p in _as_api_error(body.prompts, "prompt")]
+        batch = _as_api_error(body.prompts, "prompt")
+        self.limits.check_batch(len(batch))  # before tokenizing what could never run
+        prompts = [self._tokenize(p) for p in batch]
         fmt = CompletionFormat(self.tokenizer, body.logprobs or 0)
         return await self._serve(request, body, prompts, fmt, "cmpl")
 
@@ -71,6 +77,7 @@ class OpenAIServing:
 
     async def _parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
         check_api_key(request, self.config.api_key)
+        require_json(request)
         raw = await read_json_body(request, self.config.max_request_bytes)
         try:
             return model.model_validate_json(raw)
@@ -86,9 +93,12 @@ class OpenAIServing:
         self, request: Request, body: _SamplingRequest, prompts: list[Prompt],
         fmt: ChoiceFormat, kind: str,
     ) -> Response:  # fmt: skip
-        self._check_model(body.model)
+        check_model(body.model, self.config.model_name)
         params = _as_api_error(body.sampling_params, None)
-        stream = await self._submit(prompts, params, self._priority(body.priority))
+        priority = self._priority(body.priority)
+        given = body.max_tokens_param in body.model_fields_set
+        self.limits.check([len(ids) for _, ids in prompts], params, body.max_tokens_param, given)
+        stream = await self._submit(prompts, params, priority)
         response_id = f"{kind}-{uuid.uuid4().hex}"
         model = self.config.model_name
         if body.stream:
@@ -101,13 +111,6 @@ class OpenAIServing:
         choices = [fmt.choice(p) for p in whole_pieces(outputs, params.n)]
         counts = usage(*token_counts(outputs))
         return JSONResponse(fmt.body(response_id, model, fmt.object, choices=choices, usage=counts))
-
-    def _check_model(self, name: str | None) -> None:
-        if name is not None and name != self.config.model_name:
-            raise APIError(
-                404, f"the model {name!r} does not exist; this server serves "
-                f"{self.config.model_name!r}", param="model", code="model_not_found",
-            )  # fmt: skip
 
     def _priority(self, value: int | str | None) -> int:
         if value is None:
@@ -141,6 +144,15 @@ class OpenAIServing:
         except (EngineStepError, EngineStoppedError, RequestsFailedError) as error:
             raise _generation_failed(error) from error
         return True
+
+
+def check_model(name: str | None, served: str) -> None:
+    """404 unless `name` is the served model's (None: the client left it to the server)."""
+    if name is not None and name != served:
+        raise APIError(
+            404, f"the model {name!r} does not exist; this server serves {served!r}",
+            param="model", code="model_not_found",
+        )  # fmt: skip
 
 
 async def _drain(stream: RequestStream, outputs: dict[int, RequestOutput]) -> None:

@@ -1,0 +1,67 @@
+"""What a request can never get from this server, refused at once with a 400.
+
+    the longest prompt + max_tokens  <=  max_model_len           (the model's context)
+    n                                <=  max_num_seqs            (a request's samples run
+                                                                  side by side)
+    prompts in one request           <=  max_num_seqs + max_queued  (what the server holds)
+
+A 503 says "busy, retry later"; it would be a lie for a request that could never fit, so
+these are checked before the request is queued, with the numbers in the message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minserve.sampling_params import SamplingParams
+from minserve.server.errors import APIError
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The engine's bounds, as the HTTP layer sees them."""
+
+    max_model_len: int
+    max_num_seqs: int
+    capacity: int  # requests in flight at most: max_num_seqs + max_queued
+    vocab_size: int  # token ids run below it (the engine checks them; the schema says so)
+
+    def check(
+        self, prompt_lengths: list[int], params: SamplingParams, max_tokens_param: str,
+        max_tokens_given: bool,
+    ) -> None:  # fmt: skip
+        """Refuse what cannot fit; `max_tokens_given`: the client chose it (a default stops
+        at the end of the context instead)."""
+        self.check_batch(len(prompt_lengths))
+        self._check_samples(params.n)
+        if max_tokens_given and params.max_tokens is not None:
+            what = "the prompt" if len(prompt_lengths) == 1 else "the longest prompt"
+            self._check_context(what, max(prompt_lengths), params.max_tokens, max_tokens_param)
+
+    def check_batch(self, num_prompts: int) -> None:
+        if num_prompts > self.capacity:
+            raise APIError(
+                400, f"the request has {num_prompts} prompts; this server holds at most "
+                f"{self.capacity} requests at once (max_num_seqs + max_queued)",
+                param="prompt", code="too_many_prompts",
+            )  # fmt: skip
+
+    def _check_samples(self, n: int) -> None:
+        if n > self.max_num_seqs:
+            raise APIError(
+                400, f"n is {n}, but this server runs at most {self.max_num_seqs} sequences "
+                "at once (max_num_seqs), and a request's samples run together",
+                param="n", code="too_many_samples",
+            )  # fmt: skip
+
+    def _check_context(self, what: str, prompt_len: int, max_tokens: int, param: str) -> None:
+        if prompt_len >= self.max_model_len:
+            return  # the prompt alone is too long: the engine says so (context_length_exceeded)
+        if prompt_len + max_tokens > self.max_model_len:
+            room = self.max_model_len - prompt_len
+            raise APIError(
+                400, f"{param} is {max_tokens}, but {what} has {prompt_len} tokens and "
+                f"max_model_len is {self.max_model_len}: at most {room} tokens can be "
+                f"generated ({prompt_len} + {max_tokens} > {self.max_model_len})",
+                param=param, code="context_length_exceeded",
+            )  # fmt: skip

@@ -1,0 +1,157 @@
+"""The server's OpenAPI description (`GET /openapi.json`): what each route takes, and every
+answer it can give.
+
+The generation routes read their raw body, so that its size and nesting are bounded before
+any parser runs; FastAPI therefore cannot see their request models, and this module writes
+them in: the request body (the pydantic model's JSON schema, with this server's own numbers:
+n, max_tokens against max_model_len, token ids against the vocabulary, batch size) and, per
+route, the error responses, each an OpenAI error body. Tools that read the description
+(clients, schemathesis) then know what the server accepts and what it answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from minserve.server.limits import ServerLimits
+from minserve.server.protocol import ChatCompletionRequest, CompletionRequest
+
+REF = "#/components/schemas/{model}"
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest)
+
+# status -> when the server answers it (every one with an ErrorResponse body)
+WHEN = {
+    400: "The request is malformed or asks for what this server cannot give "
+    "(docs/server.md, Limits and errors)",
+    401: "The API key is missing or wrong (`Authorization: Bearer KEY`)",
+    404: "No such model",
+    413: "The body is larger than --max-request-bytes",
+    415: "The body is not declared as JSON (Content-Type: application/json)",
+    500: "The engine failed while generating; the request was aborted",
+    503: "The server is overloaded (retry later) or its engine loop has stopped",
+}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every refusal's body: OpenAI's error shape."""
+
+    error: ErrorDetail
+
+
+def errors(*statuses: int, keyed: bool = False) -> dict[int | str, dict[str, Any]]:
+    """FastAPI `responses=` for these error statuses, and 401 when the route needs a key (the
+    401 names its scheme in a header)."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in sorted({*statuses, *((401,) if keyed else ())}):
+        out[status] = {"model": ErrorResponse, "description": WHEN[status]}
+        if status == 401:
+            header = {"description": "Bearer", "schema": {"type": "string"}}
+            out[status]["headers"] = {"WWW-Authenticate": header}
+    return out
+
+
+def generation_responses(keyed: bool) -> dict[int | str, dict[str, Any]]:
+    """A generation route's answers: a completion (JSON, or a stream), or a refusal."""
+    ok = {
+        "description": "A completion object, or with `stream: true` server-sent events "
+        "(`data: {chunk}` ... `data: [DONE]`)",
+        "content": {"application/json": {"schema": {"type": "object"}},
+                    "text/event-stream": {"schema": {"type": "string"}}},
+    }  # fmt: skip
+    return {200: ok, **errors(400, 404, 413, 415, 500, 503, keyed=keyed)}
+
+
+PROMETHEUS_TEXT = {200: {"description": "Prometheus text format",
+                         "content": {"text/plain": {"schema": {"type": "string"}}}}}  # fmt: skip
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """FastAPI `openapi_extra=` for a route that reads `model` from its raw JSON body."""
+    schema = {"$ref": REF.format(model=model.__name__)}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def install_openapi(app: FastAPI, limits: ServerLimits, takes_priority: bool, keyed: bool) -> None:
+    """Serve the description with the request models in, built once on first request.
+
+    takes_priority: the `priority` field is accepted (--scheduling-policy priority);
+    keyed: the /v1 routes need `Authorization: Bearer KEY`."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                               routes=app.routes)  # fmt: skip
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(request_schemas(limits, takes_priority))
+            _drop_validation_errors(spec)
+            if keyed:
+                _require_bearer(spec)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def request_schemas(limits: ServerLimits, takes_priority: bool) -> dict[str, dict]:
+    """The request models' JSON schemas (and the models they use), with this server's numbers."""
+    schemas: dict[str, dict] = {}
+    for model in REQUEST_MODELS:
+        schema = model.model_json_schema(ref_template=REF)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        _write_limits(schema["properties"], limits, takes_priority)
+    _write_prompt_limits(schemas["CompletionRequest"]["properties"]["prompt"], limits)
+    return schemas
+
+
+def _write_limits(fields: dict[str, dict], limits: ServerLimits, takes_priority: bool) -> None:
+    """What this server always refuses: more samples than seats, more tokens than the context
+    leaves after a one-token prompt, `priority` without the priority policy."""
+    fields["n"]["maximum"] = min(fields["n"]["maximum"], limits.max_num_seqs)
+    for name in ("max_tokens", "max_completion_tokens"):
+        if name in fields:
+            fields[name]["maximum"] = limits.max_model_len - 1
+    if not takes_priority:
+        del fields["priority"]
+
+
+def _write_prompt_limits(prompt: dict[str, list[dict]], limits: ServerLimits) -> None:
+    """Token ids below the vocabulary size, fewer than max_model_len of them; at most
+    `capacity` prompts in a batch."""
+    text, texts, _, _ = prompt["anyOf"]
+    token_id = {"type": "integer", "minimum": 0, "maximum": limits.vocab_size - 1}
+    token_ids = {"type": "array", "items": token_id, "minItems": 1,
+                 "maxItems": limits.max_model_len - 1}  # fmt: skip
+    batch = {"minItems": 1, "maxItems": limits.capacity}
+    prompt["anyOf"] = [text, {**texts, **batch}, token_ids,
+                       {"type": "array", "items": token_ids, **batch}]  # fmt: skip
+
+
+def _drop_validation_errors(spec: dict[str, Any]) -> None:
+    """FastAPI documents a 422 for routes with parameters; this server answers 400 instead."""
+    for operations in spec.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = spec.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+
+
+def _require_bearer(spec: dict[str, Any]) -> None:
+    """Declare the bearer scheme on every operation that documents a 401."""
+    spec["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for operations in spec["paths"].values():
+        for operation in operations.values():
+            if "401" in operation.get("responses", {}):
+                operation["security"] = [{"bearer": []}]
