@@ -146,11 +146,11 @@ def test_a_client_that_hangs_up_frees_blocks_on_every_instance(cluster):
     server = build_disaggregated_server(cluster, ServerConfig("tiny"))
     with BackgroundServer(server) as url:
         before = wait_until_idle(server)
-        body = {"prompt": PROMPTS[1], "max_tokens": 300, "ignore_eos": True, "stream": True}
+        body = {"prompt": PROMPTS[1], "max_tokens": 200, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body) as response:
             lines = response.iter_lines()
             assert [next(lines) for _ in range(4)][0].startswith("data: {")  # tokens came early
         stats = wait_until_idle(server)  # the abort reached the instance holding the request
         assert stats["num_requests_aborted"] == before["num_requests_aborted"] + 1
-        assert stats["generation_tokens"] - before["generation_tokens"] < 300  # stopped early
+        assert stats["generation_tokens"] - before["generation_tokens"] < 200  # stopped early
     assert_every_pool_free(cluster)

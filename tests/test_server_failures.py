@@ -55,7 +55,8 @@ def send_together(server: Server, *bodies: bytes) -> list[httpx.Response]:
     async def go() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=server.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as c:
-            posts = (c.post("/v1/completions", content=body) for body in bodies)
+            json_body = {"Content-Type": "application/json"}
+            posts = (c.post("/v1/completions", content=b, headers=json_body) for b in bodies)
             return list(await asyncio.gather(*posts))
 
     return asyncio.run(go())
