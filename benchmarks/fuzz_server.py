@@ -1,7 +1,7 @@
 """Fuzz `minserve serve` with schemathesis against its own /openapi.json, every check on.
 
-    .venv/bin/python -m benchmarks.fuzz_server --max-examples 2000   # the record (~N minutes)
-    .venv/bin/python -m pytest tests/test_server_fuzz.py              # in CI: about 2 minutes
+    .venv/bin/python -m benchmarks.fuzz_server --max-examples 1000 --max-time 1500  # the record
+    .venv/bin/python -m pytest tests/test_server_fuzz.py       # in CI: about 2 minutes
 
 The server runs the test suite's tiny random Llama (tests/tiny_models.py; `--model` for
 another) with the prefix cache on and an API key set, under uvicorn on an ephemeral port.
@@ -109,18 +109,24 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
 
 
 def wait_until_idle(url: str, timeout_s: float = 30.0) -> None:
-    """Until /metrics shows no request running or waiting. schemathesis stops reading a
-    stream after some events and sends the next request at once; the server frees the
-    first one's seats when its engine thread applies the abort (within a step), and a full
-    batch in between would get a 503 that is right (busy, retry later) but is no finding."""
+    """Until /metrics shows no request in flight. schemathesis sends the next request as
+    soon as it has an answer (or stops reading a stream), and the server releases the
+    previous one's place when its engine thread applies the finish or abort (within a
+    step): a full batch in between gets a 503 that is right (busy, retry later) but no
+    finding."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        gauges = [line for line in httpx.get(url + "/metrics").text.splitlines()
-                  if line.startswith(("minserve:num_requests_running ",
-                                      "minserve:num_requests_waiting "))]  # fmt: skip
-        if all(float(line.split()[1]) == 0 for line in gauges):
-            return
+    while in_flight(url) and time.monotonic() < deadline:
         time.sleep(0.005)
+
+
+def in_flight(url: str) -> float:
+    """The server's `minserve:num_requests_in_flight` gauge."""
+    metrics = httpx.get(url.rstrip("/") + "/metrics")
+    metrics.raise_for_status()
+    for line in metrics.text.splitlines():
+        if line.startswith("minserve:num_requests_in_flight "):
+            return float(line.split()[1])
+    raise ValueError("/metrics has no minserve:num_requests_in_flight")
 
 
 @schemathesis.check
@@ -170,7 +176,7 @@ class FuzzReport:
     cases_by_operation: dict[str, int] = field(default_factory=dict)
     statuses: dict[str, int] = field(default_factory=dict)
     server_errors: int = 0  # responses with a 5xx status
-    failures: list[dict[str, str]] = field(default_factory=list)  # checks that failed
+    failures: list[dict[str, Any]] = field(default_factory=list)  # checks that failed
     errors: list[str] = field(default_factory=list)  # requests that got no answer, and the like
     stopped: str = ""  # why schemathesis stopped (completed, max_time, ...)
     seconds: float = 0.0
@@ -207,7 +213,18 @@ def run_schemathesis(url: str, max_examples: int, seed: int, max_time_s: int | N
     report.cases_by_operation = dict(counts["operation"])
     report.statuses = {str(k): v for k, v in sorted(counts["status"].items())}
     report.server_errors = sum(v for k, v in counts["status"].items() if k >= 500)
+    report.failures = _distinct(report.failures)
     return report
+
+
+def _distinct(failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per check, operation and failure, with how often it came (shrinking
+    repeats a failure many times)."""
+    distinct: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for failure in failures:
+        key = (failure["check"], failure.get("operation", ""), failure["failure"])
+        distinct.setdefault(key, {**failure, "count": 0})["count"] += 1
+    return list(distinct.values())
 
 
 def _count(event: events.ScenarioFinished, counts: dict[str, Counter], report: FuzzReport) -> None:
@@ -307,8 +324,10 @@ def page(report: dict[str, Any], header: list[str]) -> str:
              "| status | responses |", "|---|---:|",
              *(f"| {k} | {v} |" for k, v in report["statuses"].items())]  # fmt: skip
     for failure in report["failures"]:
-        lines += ["", f"## {failure['check']} on {failure['operation']} ({failure['phase']})",
-                  "", "```", failure["failure"], failure["response"], failure["reproduce"],
+        lines += ["", f"## {failure['check']} on {failure.get('operation')} "
+                  f"({failure.get('phase')}, {failure['count']} times)",
+                  "", "```", failure["failure"], failure.get("response", ""),
+                  failure.get("reproduce", ""),
                   "```"]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -103,6 +103,7 @@ def install_openapi(app: FastAPI, limits: ServerLimits, takes_priority: bool, ke
             schemas = spec.setdefault("components", {}).setdefault("schemas", {})
             schemas.update(request_schemas(limits, takes_priority))
             _drop_validation_errors(spec)
+            _add_malformed_http(spec)
             if keyed:
                 _require_bearer(spec)
             app.openapi_schema = spec
@@ -156,6 +157,17 @@ def _drop_validation_errors(spec: dict[str, Any]) -> None:
     schemas = spec.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+
+
+def _add_malformed_http(spec: dict[str, Any]) -> None:
+    """Any route can get a request too malformed for HTTP (a header `content-length: %`):
+    the HTTP server (uvicorn) answers it 400 in plain text, before the app sees it."""
+    plain = {"text/plain": {"schema": {"type": "string"}}}
+    for operations in spec["paths"].values():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            bad = responses.setdefault("400", {"description": "A malformed HTTP request"})
+            bad.setdefault("content", {}).update(plain)
 
 
 def _require_bearer(spec: dict[str, Any]) -> None:

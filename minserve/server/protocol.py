@@ -20,12 +20,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from pydantic_core import PydanticCustomError
 
 from minserve.sampling_params import SamplingParams
+from minserve.scheduler.policy import SLO_CLASSES
 
 MAX_N = 16  # samples per request: a cap so that one request cannot take every seat
 MAX_LOGPROBS = 20  # vLLM's cap on top logprobs per token
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT64_MAX = 2**64 - 1  # a seed may be given signed or unsigned
-SLO_CLASSES = ("interactive", "standard", "batch")  # minserve.scheduler.policy's names
 
 
 def _integral(value: object, low: int, high: int) -> object:
