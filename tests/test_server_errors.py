@@ -98,6 +98,8 @@ CASES = [
      "max_tokens"),
     ("max_completion_tokens past the context", "/v1/chat/completions",
      with_(CHAT, max_completion_tokens=MAX_MODEL_LEN), 400, "max_completion_tokens"),
+    ("stop token id past the vocabulary", "/v1/completions",
+     with_(GOOD, stop_token_ids=[49152], min_tokens=1), 400, "stop_token_ids"),
     ("more samples than seats", "/v1/completions", with_(GOOD, n=2), 400, "n"),
     ("more prompts than the server holds", "/v1/completions", with_(GOOD, prompt=["a", "b"]), 400,
      "prompt"),

@@ -92,10 +92,12 @@ def test_gauges_show_the_request_a_long_step_runs(live, monkeypatch, hold, runni
         thread.join()
     assert metrics["minserve:num_requests_running"] == running
     assert metrics["minserve:num_requests_waiting"] == waiting
+    assert metrics["minserve:num_requests_in_flight"] == 1  # read live, not from the snapshot
     assert metrics["minserve:kv_cache_total_blocks"] == NUM_BLOCKS
     assert answer[0].status_code == 200
     after = scrape(live.url)
     assert after["minserve:num_requests_running"] == after["minserve:num_requests_waiting"] == 0
+    assert after["minserve:num_requests_in_flight"] == 0
 
 
 def test_blocks_held_only_by_the_prefix_cache_are_a_gauge(live) -> None:

@@ -73,6 +73,7 @@ def test_request_schemas_carry_the_ranges_and_this_servers_limits(spec, llm) -> 
     assert texts["maxItems"] == batch["maxItems"] == MAX_NUM_SEQS + 8
     assert "priority" not in fields  # refused under fcfs, so not offered
     assert fields["stop"]["anyOf"][1]["items"]["minLength"] == 1
+    assert fields["stop_token_ids"]["anyOf"][0]["items"]["maximum"] == llm.vocab_size - 1
 
 
 def test_every_route_documents_its_errors_as_openai_bodies(spec) -> None:
@@ -84,9 +85,12 @@ def test_every_route_documents_its_errors_as_openai_bodies(spec) -> None:
     }
     for (path, method), statuses in expected.items():
         responses = spec["paths"][path][method]["responses"]
-        assert set(responses) - {"200"} == statuses, path
+        assert set(responses) - {"200", "400"} == statuses - {"400"}, path
         for status in statuses:
             assert responses[status]["content"]["application/json"]["schema"] == ERROR_BODY
+    for operations in spec["paths"].values():  # malformed HTTP: uvicorn's plain-text 400
+        for operation in operations.values():
+            assert "text/plain" in operation["responses"]["400"]["content"]
     assert "422" not in str(spec["paths"])  # invalid requests are 400s, as OpenAI answers
     stream = spec["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
     assert set(stream) == {"application/json", "text/event-stream"}

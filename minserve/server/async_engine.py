@@ -111,6 +111,7 @@ class AsyncEngine:
         self.capacity = engine.scheduler_config.max_num_seqs + max_queued
         self.stats: dict[str, float] = engine.get_metrics()  # a snapshot, replaced each loop
         metrics.set_engine_stats(self.stats)  # the pool's size is known before the loop runs
+        metrics.count_in_flight(lambda: self.num_in_flight)
         self._inbox: queue.Queue = queue.Queue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
         self._in_flight = 0

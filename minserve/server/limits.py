@@ -4,6 +4,7 @@
     n                                <=  max_num_seqs            (a request's samples run
                                                                   side by side)
     prompts in one request           <=  max_num_seqs + max_queued  (what the server holds)
+    stop_token_ids                   <   vocab_size              (as prompt token ids)
 
 A 503 says "busy, retry later"; it would be a lie for a request that could never fit, so
 these are checked before the request is queued, with the numbers in the message.
@@ -24,7 +25,7 @@ class ServerLimits:
     max_model_len: int
     max_num_seqs: int
     capacity: int  # requests in flight at most: max_num_seqs + max_queued
-    vocab_size: int  # token ids run below it (the engine checks them; the schema says so)
+    vocab_size: int  # token ids run below it (the engine checks a prompt's)
 
     def check(
         self, prompt_lengths: list[int], params: SamplingParams, max_tokens_param: str,
@@ -34,6 +35,7 @@ class ServerLimits:
         at the end of the context instead)."""
         self.check_batch(len(prompt_lengths))
         self._check_samples(params.n)
+        self._check_stop_token_ids(params.stop_token_ids or [])
         if max_tokens_given and params.max_tokens is not None:
             what = "the prompt" if len(prompt_lengths) == 1 else "the longest prompt"
             self._check_context(what, max(prompt_lengths), params.max_tokens, max_tokens_param)
@@ -52,6 +54,14 @@ class ServerLimits:
                 400, f"n is {n}, but this server runs at most {self.max_num_seqs} sequences "
                 "at once (max_num_seqs), and a request's samples run together",
                 param="n", code="too_many_samples",
+            )  # fmt: skip
+
+    def _check_stop_token_ids(self, token_ids: list[int]) -> None:
+        outside = [t for t in token_ids if t >= self.vocab_size]
+        if outside:
+            raise APIError(
+                400, f"stop_token_ids must be below the vocabulary size {self.vocab_size}; "
+                f"got {outside[:5]}", param="stop_token_ids",
             )  # fmt: skip
 
     def _check_context(self, what: str, prompt_len: int, max_tokens: int, param: str) -> None:

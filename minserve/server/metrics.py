@@ -16,10 +16,10 @@ counted in neither is held by a request that should be gone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -105,7 +105,14 @@ class ServerMetrics:
                                      registry=self.registry)  # fmt: skip
         self.request_failures = Counter(PREFIX + "request_failure", "Requests failed by a step",
                                         registry=self.registry)  # fmt: skip
+        self.in_flight = Gauge(PREFIX + "num_requests_in_flight", "Requests the HTTP layer holds "
+                               "(accepted, not finished or aborted); past max_num_seqs + "
+                               "max_queued, new ones get 503", registry=self.registry)  # fmt: skip
         self._timings: dict[str, _Timing] = {}
+
+    def count_in_flight(self, read: Callable[[], int]) -> None:
+        """Read the requests in flight when scraped (they are counted outside the engine)."""
+        self.in_flight.set_function(read)
 
     def _histogram(self, name: str, text: str) -> Histogram:
         return Histogram(PREFIX + name, text, buckets=LATENCY_BUCKETS, registry=self.registry)

@@ -61,13 +61,21 @@ def errors(*statuses: int, keyed: bool = False) -> dict[int | str, dict[str, Any
     return out
 
 
+# one server-sent event (OpenAPI 3.2's itemSchema; tools read a 3.1 `schema` so)
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE]"}},
+}
+
+
 def generation_responses(keyed: bool) -> dict[int | str, dict[str, Any]]:
     """A generation route's answers: a completion (JSON, or a stream), or a refusal."""
     ok = {
         "description": "A completion object, or with `stream: true` server-sent events "
         "(`data: {chunk}` ... `data: [DONE]`)",
         "content": {"application/json": {"schema": {"type": "object"}},
-                    "text/event-stream": {"schema": {"type": "string"}}},
+                    "text/event-stream": {"schema": SSE_EVENT}},
     }  # fmt: skip
     return {200: ok, **errors(400, 404, 413, 415, 500, 503, keyed=keyed)}
 
@@ -95,6 +103,7 @@ def install_openapi(app: FastAPI, limits: ServerLimits, takes_priority: bool, ke
             schemas = spec.setdefault("components", {}).setdefault("schemas", {})
             schemas.update(request_schemas(limits, takes_priority))
             _drop_validation_errors(spec)
+            _add_malformed_http(spec)
             if keyed:
                 _require_bearer(spec)
             app.openapi_schema = spec
@@ -116,9 +125,11 @@ def request_schemas(limits: ServerLimits, takes_priority: bool) -> dict[str, dic
 
 
 def _write_limits(fields: dict[str, dict], limits: ServerLimits, takes_priority: bool) -> None:
-    """What this server always refuses: more samples than seats, more tokens than the context
-    leaves after a one-token prompt, `priority` without the priority policy."""
+    """What this server always refuses: more samples than seats, token ids past the
+    vocabulary, more tokens than the context leaves after a one-token prompt, `priority`
+    without the priority policy."""
     fields["n"]["maximum"] = min(fields["n"]["maximum"], limits.max_num_seqs)
+    fields["stop_token_ids"]["anyOf"][0]["items"]["maximum"] = limits.vocab_size - 1
     for name in ("max_tokens", "max_completion_tokens"):
         if name in fields:
             fields[name]["maximum"] = limits.max_model_len - 1
@@ -146,6 +157,17 @@ def _drop_validation_errors(spec: dict[str, Any]) -> None:
     schemas = spec.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+
+
+def _add_malformed_http(spec: dict[str, Any]) -> None:
+    """Any route can get a request too malformed for HTTP (a header `content-length: %`):
+    the HTTP server (uvicorn) answers it 400 in plain text, before the app sees it."""
+    plain = {"text/plain": {"schema": {"type": "string"}}}
+    for operations in spec["paths"].values():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            bad = responses.setdefault("400", {"description": "A malformed HTTP request"})
+            bad.setdefault("content", {}).update(plain)
 
 
 def _require_bearer(spec: dict[str, Any]) -> None:

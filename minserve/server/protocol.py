@@ -19,13 +19,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from minserve.sampling_params import SamplingParams
+from minserve.sampling_params import OPENAI_PENALTY_RANGE as PENALTY
+from minserve.sampling_params import REPETITION_PENALTY_RANGE as REPETITION
+from minserve.sampling_params import TEMPERATURE_RANGE, SamplingParams
+from minserve.scheduler.policy import SLO_CLASSES
 
 MAX_N = 16  # samples per request: a cap so that one request cannot take every seat
 MAX_LOGPROBS = 20  # vLLM's cap on top logprobs per token
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT64_MAX = 2**64 - 1  # a seed may be given signed or unsigned
-SLO_CLASSES = ("interactive", "standard", "batch")  # minserve.scheduler.policy's names
 
 
 def _integral(value: object, low: int, high: int) -> object:
@@ -81,6 +83,11 @@ def bounds(**keywords: float) -> Any:
     return {names[k]: v for k, v in keywords.items()}
 
 
+def inside(closed: tuple[float, float]) -> Any:
+    """JSON-schema bounds of a closed range `SamplingParams` checks (one source of truth)."""
+    return bounds(ge=closed[0], le=closed[1])
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -94,13 +101,13 @@ class _SamplingRequest(_Strict):
 
     model: str | None = None
     n: integer(1, MAX_N) = 1
-    temperature: float = Field(1.0, json_schema_extra=bounds(ge=0))
+    temperature: float = Field(1.0, json_schema_extra=inside(TEMPERATURE_RANGE))
     top_p: float = Field(1.0, json_schema_extra=bounds(gt=0, le=1))
     top_k: Int64 = Field(0, json_schema_extra=bounds(ge=-1))
     min_p: float = Field(0.0, json_schema_extra=bounds(ge=0, le=1))
-    presence_penalty: float = Field(0.0, json_schema_extra=bounds(ge=-2, le=2))
-    frequency_penalty: float = Field(0.0, json_schema_extra=bounds(ge=-2, le=2))
-    repetition_penalty: float = Field(1.0, json_schema_extra=bounds(gt=0))
+    presence_penalty: float = Field(0.0, json_schema_extra=inside(PENALTY))
+    frequency_penalty: float = Field(0.0, json_schema_extra=inside(PENALTY))
+    repetition_penalty: float = Field(1.0, json_schema_extra=inside(REPETITION))
     seed: Seed | None = None
     stop: Stop | None = None
     stop_token_ids: TokenIds | None = None
