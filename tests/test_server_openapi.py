@@ -59,9 +59,11 @@ def test_generation_routes_document_their_request_models(spec) -> None:
 def test_request_schemas_carry_the_ranges_and_this_servers_limits(spec, llm) -> None:
     fields = spec["components"]["schemas"]["CompletionRequest"]["properties"]
     assert fields["n"]["minimum"] == 1 and fields["n"]["maximum"] == MAX_NUM_SEQS
-    assert fields["temperature"]["minimum"] == 0
+    assert (fields["temperature"]["minimum"], fields["temperature"]["maximum"]) == (0, 100)
     assert fields["top_p"] == {**fields["top_p"], "exclusiveMinimum": 0, "maximum": 1}
-    assert fields["repetition_penalty"]["exclusiveMinimum"] == 0
+    penalty = fields["repetition_penalty"]  # SamplingParams' ranges: nothing valid is refused
+    assert (penalty["minimum"], penalty["maximum"]) == (0.01, 100)
+    assert (fields["presence_penalty"]["minimum"], fields["presence_penalty"]["maximum"]) == (-2, 2)
     assert fields["max_tokens"]["minimum"] == 1
     assert fields["max_tokens"]["maximum"] == MAX_MODEL_LEN - 1
     assert fields["seed"]["anyOf"][0] == {"type": "integer", "minimum": -(2**63),
