@@ -3,7 +3,8 @@
     propose(chunks)   before the forward: drafts for the decodes the scheduler gave draft
                       slots (at most that many each); a model proposer writes its own K/V
     verify(...)       after the forward: keep the drafts the target accepts (greedy: those
-                      it agrees with; sampling: rejection sampling) and one token of its own
+                      it agrees with; sampling: rejection sampling) and one token of its own;
+                      a request with a row no token can be drawn from fails alone
 
 How many drafts a decode may get is the scheduler's call (`planner.py`); rolling the KV
 slots of rejected drafts back is the scheduler's too, from what `verify` returns.
@@ -21,7 +22,7 @@ from minserve.model.runner import ModelRunner
 from minserve.model.sampler import Sampler, SamplingRow
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.proposers import make_proposer
-from minserve.speculative.sampled import Verified, verify_sampled
+from minserve.speculative.sampled import Outcome, verify_sampled
 from minserve.speculative.verify import accepted_length, rejection_sample, rows_for_drafts
 
 
@@ -39,6 +40,7 @@ class _Target:
     """One sampling row to verify: its drafts (the speculating row only) and logits rows."""
 
     seq_id: int
+    request_id: str
     row: SamplingRow
     drafts: list[int]
     draft_probs: torch.Tensor | None
@@ -78,14 +80,16 @@ class SpeculativeDecoder:
         proposal: Proposal,
         logits: torch.Tensor,  # [sum over sampling chunks of (1 + drafts), vocab]
         sampler: Sampler,
-    ) -> dict[int, tuple[SampledTokens, ...]]:
-        """Every sampling row's kept tokens, per sequence id (one per row of its samples)."""
+    ) -> tuple[dict[int, tuple[SampledTokens, ...]], dict[str, str]]:
+        """Every sampling row's kept tokens, per sequence id (one per row of its samples),
+        and the requests that failed (request id -> why): a request with a row the sampler
+        could not draw from gets no tokens."""
         targets = _targets(chunks, proposal)
         rows, logit_rows, spans = _rows(targets)
         walked = [bool(t.drafts) and not t.row.params.greedy for t in targets]
         agreeing = [i for i, w in enumerate(walked) if not w]  # greedy, or nothing drafted
         rejection = [i for i, w in enumerate(walked) if w]  # sampling, with drafts
-        verified: dict[int, Verified] = {}
+        verified: dict[int, Outcome] = {}
         for group, verify_group in ((agreeing, self._agreeing), (rejection, self._rejection)):
             if not group:
                 continue
@@ -95,13 +99,21 @@ class SpeculativeDecoder:
             qs = [targets[i].draft_probs for i in group]
             results = verify_group(sampler, group_logits, [rows[r] for r in picked], own, qs)
             verified.update(zip(group, results))
+        failed = {
+            targets[i].request_id: f"the sampler could not draw a token: {outcome}"
+            for i, outcome in sorted(verified.items())
+            if isinstance(outcome, str)
+        }
         sampled: dict[int, list[SampledTokens]] = {}
         for i, target in enumerate(targets):
-            tokens, logprobs = verified[i]
+            outcome = verified[i]
+            if target.request_id in failed or isinstance(outcome, str):
+                continue
+            tokens, logprobs = outcome
             sampled.setdefault(target.seq_id, []).append(
                 SampledTokens(tuple(tokens), tuple(logprobs))
             )
-        return {seq_id: tuple(rows) for seq_id, rows in sampled.items()}
+        return {seq_id: tuple(rows) for seq_id, rows in sampled.items()}, failed
 
     @staticmethod
     def _agreeing(
@@ -110,16 +122,20 @@ class SpeculativeDecoder:
         rows: list[SamplingRow],
         drafts: list[list[int]],
         draft_probs: list[torch.Tensor | None],
-    ) -> list[Verified]:
+    ) -> list[Outcome]:
         """Greedy (or draft-less) rows: sample every row, keep the drafts up to the first
         disagreement and the target's token there."""
         result = sampler(logits, rows)
-        verified, first = [], 0
+        verified: list[Outcome] = []
+        first = 0
         for own in drafts:
             count = len(own) + 1
+            reasons = [result.failed[r] for r in range(first, first + count) if r in result.failed]
             tokens = result.token_ids[first : first + count]
             kept = 1 + accepted_length(tokens, own)
-            verified.append((tokens[:kept], result.logprobs[first : first + kept]))
+            verified.append(
+                reasons[0] if reasons else (tokens[:kept], result.logprobs[first : first + kept])
+            )
             first += count
         return verified
 
@@ -130,7 +146,7 @@ class SpeculativeDecoder:
         rows: list[SamplingRow],
         drafts: list[list[int]],
         draft_probs: list[torch.Tensor | None],
-    ) -> list[Verified]:
+    ) -> list[Outcome]:
         """Sampling rows with drafts: rejection sampling (sampled.py)."""
         return verify_sampled(self.rejection_sampler, sampler, logits, rows, drafts, draft_probs)
 
@@ -146,7 +162,8 @@ def _targets(chunks: Sequence[ScheduledChunk], proposal: Proposal) -> list[_Targ
         q = proposal.draft_probs.get(chunk.seq_id)
         for j, row in enumerate(chunk.samples):
             drafts = own if j == 0 else []
-            targets.append(_Target(chunk.seq_id, row, drafts, q if j == 0 else None, next_row))
+            q_j = q if j == 0 else None
+            targets.append(_Target(chunk.seq_id, chunk.request_id, row, drafts, q_j, next_row))
         next_row += 1 + len(own)
     return targets
 

@@ -20,6 +20,7 @@ from minserve.model.sampler import (
     draw_from_logits,
     row_uniforms,
     suppress_stop_tokens,
+    unsampleable_rows,
 )
 
 
@@ -43,18 +44,24 @@ def row_after(row: SamplingRow, drafts: list[int]) -> SamplingRow:
 
 def choose_drafts(
     sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]
-) -> tuple[list[int], list[torch.Tensor | None]]:
+) -> tuple[list[int | None], list[torch.Tensor | None]]:
     """One draft per row from a proposer's logits [rows, vocab], and the q it came from.
 
     Greedy rows take the argmax (q is one-hot there: None). Sampling rows draw from their
-    processed distribution q, whose row [vocab] is returned for the verifier."""
-    tokens = logits.argmax(dim=-1)  # [rows]; replaced below for sampling rows
+    processed distribution q, whose row [vocab] is returned for the verifier. A row no token
+    can be drawn from (the draft model's logits hold NaN, say) gets None: that sequence
+    drafts no further, and the target decides its next token alone."""
+    tokens: list[int | None] = logits.argmax(dim=-1).tolist()  # replaced below for sampling
     probs: list[torch.Tensor | None] = [None] * len(rows)
-    drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
+    unsampleable = set(unsampleable_rows(logits.float()))
+    drawn = [i for i, row in enumerate(rows) if not row.params.greedy and i not in unsampleable]
     if drawn:
         drawn_rows = [rows[i] for i in drawn]
         processed = processed_logits(sampler, logits[drawn], drawn_rows)  # [drawn, vocab]
-        tokens[drawn] = draw_from_logits(processed, row_uniforms(drawn_rows, logits.device))
-        for i, q in zip(drawn, processed.softmax(dim=-1)):
-            probs[i] = q
-    return tokens.tolist(), probs
+        unsampleable |= {drawn[j] for j in unsampleable_rows(processed)}
+        draws = draw_from_logits(processed, row_uniforms(drawn_rows, logits.device)).tolist()
+        for i, token, q in zip(drawn, draws, processed.softmax(dim=-1)):
+            tokens[i], probs[i] = token, q
+    for i in unsampleable:
+        tokens[i], probs[i] = None, None
+    return tokens, probs

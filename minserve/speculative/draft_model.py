@@ -76,10 +76,12 @@ class DraftModelProposer:
 
     def propose(self, chunks: list[ScheduledChunk], limits: list[int]) -> list[Draft]:
         """Up to `limits[i]` guesses for decode `chunks[i]` (fewer when the draft pool is
-        full): greedy for greedy rows, drawn from the draft's processed q for sampling rows."""
+        full, or where the draft model's logits cannot be sampled): greedy for greedy rows, drawn
+        from the draft's processed q for sampling rows."""
         states = [self._sync(c) for c in chunks]
         real_lengths = [state.num_tokens for state in states]
         probs: list[list[torch.Tensor | None]] = [[] for _ in chunks]
+        limits = list(limits)  # lowered for a sequence whose draft row cannot be sampled
         for step in range(max(limits, default=0)):
             active = [i for i, k in enumerate(limits) if k > step and self._grow(states[i])]
             if not active:
@@ -90,6 +92,9 @@ class DraftModelProposer:
             tokens, qs = choose_drafts(self.sampler, logits, step_rows)
             for i, token, q in zip(active, tokens, qs):
                 states[i].num_computed_tokens = states[i].num_tokens
+                if token is None:
+                    limits[i] = step  # no draft here: this sequence stops drafting
+                    continue
                 states[i].token_ids.append(token)
                 probs[i].append(q)
         return [

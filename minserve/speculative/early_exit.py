@@ -34,16 +34,23 @@ class EarlyExitProposer:
             )
 
     def propose(self, chunks: list[ScheduledChunk], limits: list[int]) -> list[Draft]:
-        """Draft `limits[i]` tokens for each decode (its slots are already assigned):
-        greedy for greedy rows, drawn from the early exit's processed q for sampling rows."""
+        """Up to `limits[i]` tokens for each decode (its slots are already assigned): greedy
+        for greedy rows, drawn from the early exit's processed q for sampling rows; fewer
+        where the early exit's logits cannot be sampled (NaN)."""
         drafts: list[list[int]] = [[] for _ in chunks]
         probs: list[list[torch.Tensor | None]] = [[] for _ in chunks]
+        limits = list(limits)  # lowered for a sequence whose draft row cannot be sampled
         for step in range(max(limits, default=0)):
             active = [i for i, k in enumerate(limits) if k > step]
+            if not active:
+                break
             logits = self._draft_logits([chunks[i] for i in active], [drafts[i] for i in active])
             step_rows = [row_after(chunks[i].samples[0], drafts[i]) for i in active]
             tokens, qs = choose_drafts(self.sampler, logits, step_rows)
             for i, token, q in zip(active, tokens, qs):
+                if token is None:
+                    limits[i] = step  # no draft here: this sequence stops drafting
+                    continue
                 drafts[i].append(token)
                 probs[i].append(q)
         return [Draft.from_choices(d, q) for d, q in zip(drafts, probs)]

@@ -4,7 +4,8 @@ At each verified position the target's processed distribution p (one batched cal
 such row of the step) is compared with the q the draft came from: a model proposer's own
 processed distribution, or one-hot for deterministic drafts (n-gram). The per-sequence walk
 (`rejection_sample`, or the student's verifier of chapter 06) keeps each draft with
-probability min(1, p/q) and ends with one token of the target's.
+probability min(1, p/q) and ends with one token of the target's. A sequence with a row
+no token can be drawn from (NaN logits, say) gets the reason instead, and fails alone.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections.abc import Callable
 
 import torch
 
-from minserve.model.sampler import Sampler, SamplingRow, logprob_dicts
+from minserve.model.sampler import Sampler, SamplingRow, logprob_dicts, unsampleable_rows
 from minserve.speculative.distributions import processed_logits
 
 RejectionSampler = Callable[[torch.Tensor, torch.Tensor, list[int], torch.Generator], list[int]]
 Verified = tuple[list[int], list[dict[int, float] | None]]  # tokens kept, their logprobs
+Outcome = Verified | str  # a sequence's verified tokens, or why none could be drawn
 
 
 def verify_sampled(
@@ -27,19 +29,26 @@ def verify_sampled(
     rows: list[SamplingRow],  # one per logits row (rows_for_drafts of each sequence)
     drafts: list[list[int]],  # per sequence, at least one draft
     draft_probs: list[torch.Tensor | None],  # per sequence: q [len(drafts), vocab] or None
-) -> list[Verified]:
-    """Each sequence's kept tokens (accepted drafts + one), with logprobs where asked."""
-    probs = processed_logits(sampler, logits, rows).softmax(dim=-1).cpu()  # [num_rows, vocab]
-    kept: list[list[int]] = []
+) -> list[Outcome]:
+    """Each sequence's kept tokens (accepted drafts + one), with logprobs where asked, or
+    why a row of it could not be sampled."""
+    processed = processed_logits(sampler, logits, rows)  # [num_rows, vocab]
+    unsampleable = unsampleable_rows(processed)
+    probs = processed.softmax(dim=-1).cpu()  # [num_rows, vocab]
+    kept: list[list[int] | str] = []
     first = 0
     for own, q in zip(drafts, draft_probs):
         count = len(own) + 1
-        p = probs[first : first + count]  # [k + 1, vocab]
-        q = _one_hot(own, p.shape[-1]) if q is None else q.float().cpu()  # [k, vocab]
-        generator = rows[first].generator or torch.default_generator  # the sampler's RNG
-        kept.append(_checked(rejection_sampler(p, q, own, generator), own))
+        reasons = [unsampleable[r] for r in range(first, first + count) if r in unsampleable]
+        if reasons:
+            kept.append(reasons[0])
+        else:
+            p = probs[first : first + count]  # [k + 1, vocab]
+            q = _one_hot(own, p.shape[-1]) if q is None else q.float().cpu()  # [k, vocab]
+            generator = rows[first].generator or torch.default_generator  # the sampler's RNG
+            kept.append(_checked(rejection_sampler(p, q, own, generator), own))
         first += count
-    return list(zip(kept, _logprobs(logits, rows, drafts, kept)))
+    return _with_logprobs(logits, rows, drafts, kept)
 
 
 def _one_hot(tokens: list[int], vocab: int) -> torch.Tensor:
@@ -60,22 +69,33 @@ def _checked(tokens: list[int], drafts: list[int]) -> list[int]:
     return tokens
 
 
-def _logprobs(
-    logits: torch.Tensor, rows: list[SamplingRow], drafts: list[list[int]], kept: list[list[int]]
-) -> list[list[dict[int, float] | None]]:
-    """Per sequence, the sampler's logprob dicts (raw logits) of the tokens it kept."""
+def _with_logprobs(
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    drafts: list[list[int]],
+    kept: list[list[int] | str],
+) -> list[Outcome]:
+    """Per sequence, its kept tokens with the sampler's logprob dicts (raw logits); a
+    failed sequence's reason passes through."""
     picked: list[int] = []  # logits row of every kept token
     first = 0
     for own, tokens in zip(drafts, kept):
-        picked += range(first, first + len(tokens))
+        if not isinstance(tokens, str):
+            picked += range(first, first + len(tokens))
         first += len(own) + 1
     picked_rows = [rows[i] for i in picked]
     wanted = any(row.params.logprobs is not None for row in picked_rows)
     raw = logits[picked].float().log_softmax(dim=-1) if wanted else None  # [picked, vocab]
-    token_ids = torch.tensor([t for tokens in kept for t in tokens], device=logits.device)
-    dicts = logprob_dicts(raw, token_ids, picked_rows)
-    out, start = [], 0
+    kept_ids = [t for tokens in kept if not isinstance(tokens, str) for t in tokens]
+    dicts = logprob_dicts(
+        raw, torch.tensor(kept_ids, dtype=torch.long, device=logits.device), picked_rows
+    )
+    out: list[Outcome] = []
+    start = 0
     for tokens in kept:
-        out.append(dicts[start : start + len(tokens)])
+        if isinstance(tokens, str):
+            out.append(tokens)
+            continue
+        out.append((tokens, dicts[start : start + len(tokens)]))
         start += len(tokens)
     return out

@@ -130,7 +130,7 @@ class Worker:
         clock.lap("forward")
         if proposal is not None:
             assert self.speculator is not None
-            sampled, failed = self.speculator.verify(chunks, proposal, logits, self.sampler), {}
+            sampled, failed = self.speculator.verify(chunks, proposal, logits, self.sampler)
         else:
             sampled, failed = self._sample(chunks, rows, logits)
         clock.lap("sample")
