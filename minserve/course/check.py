@@ -38,6 +38,7 @@ _MARKS = {"passed": "✓", "failed": "✗", "not implemented": "○", "timed out
 _EXERCISE_ID = re.compile(r"Exercise (\d+(?:\.\d+)+)")
 # where a region starts: `# >>> exercise 3.1: ...` in minserve, `# Exercise 3.1: ...` generated
 _REGION_START = re.compile(r"^\s*# (?:>>> exercise|Exercise) (\d+(?:\.\d+)+):")
+_DEFINITION = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)")
 _REGION_END = re.compile(r"^\s*# <<< exercise\s*$")
 
 
@@ -80,6 +81,12 @@ class Session:
     seconds: float | None = DEFAULT_TIME_LIMIT  # per check; None: no limit
     progress: dict[str, str] | None = None  # exercise id -> what each pass must change
     hung: dict[CodeType, str] | None = None  # your functions that timed out -> that check
+    functions: dict[str, str] | None = None  # function or class name -> its exercise id
+
+    def exercise_of(self, code: CodeType, line: int | None = None) -> str:
+        """The exercise a function of yours belongs to: by its region in the file, else by
+        its name."""
+        return _exercise_at(code, line) or (self.functions or {}).get(code.co_name, "")
 
 
 def load_implementation(chapter: Chapter, impl: str, root: Path | None = None) -> Implementation:
@@ -160,7 +167,7 @@ def run_one(check: Check, impl: Implementation, session: Session | None = None) 
             f"skipped: it calls {skipped.code.co_name}, stopped at the time limit in "
             f"'{where}'; fix that loop first"
         )
-        return CheckResult(name, "skipped", message, exercise=_exercise_at(skipped.code))
+        return CheckResult(name, "skipped", message, exercise=session.exercise_of(skipped.code))
     except Exception as error:
         return CheckResult(name, "failed", _message(error), _where(error, impl, tracer))
     return CheckResult(name, "passed")
@@ -179,11 +186,11 @@ def _timed_out(
     if not frames:
         message = (
             f"no result in {seconds}, and the time went outside your code (the check itself, "
-            "or minserve); on a slow machine, raise the limit with --time-limit SECONDS"
+            "or minserve); on a slow machine, raise the limit: --time-limit SECONDS"
         )
         return CheckResult(name, "timed out", message)
     frame, line = frames[-1]
-    exercise = _exercise_at(frame.f_code, line)
+    exercise = session.exercise_of(frame.f_code, line)
     progress = (session.progress or {}).get(exercise, "")
     head = f"Exercise {exercise}: " if exercise else ""
     if progress:
@@ -193,7 +200,7 @@ def _timed_out(
             f"{head}your code ran {seconds} without finishing: look for a loop whose "
             "condition never changes"
         )
-    message += " (a slow machine? raise the limit with --time-limit SECONDS)"
+    message += " (a slow machine? raise the limit: --time-limit SECONDS; in run_check, time_limit=)"
     if session.hung is not None:
         session.hung[frame.f_code] = name
     where = _frame_text(
@@ -319,13 +326,26 @@ def run_chapter(
 ) -> list[CheckResult]:
     """Every check of `chapter` on `implementation`, each under `seconds`, in order."""
     checks_module = importlib.import_module(chapter.checks)
-    session = Session(seconds, getattr(checks_module, "PROGRESS", {}), {})
+    progress = getattr(checks_module, "PROGRESS", {})
+    session = Session(seconds, progress, {}, _exercise_names(chapter))
     results = []
     for check in chapter.load_checks():
         results.append(result := run_one(check, implementation, session))
         if on_result is not None:
             on_result(result)
     return results
+
+
+def _exercise_names(chapter: Chapter) -> dict[str, str]:
+    """Each function and class defined in the chapter's regions -> its exercise id."""
+    from minserve.course.generate import chapter_exercises  # parses sources
+
+    names: dict[str, str] = {}
+    for exercise in chapter_exercises(chapter):
+        for line in exercise.lines:
+            if found := _DEFINITION.match(line):
+                names.setdefault(found[1], exercise.id)
+    return names
 
 
 def run_check(

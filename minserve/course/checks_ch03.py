@@ -395,7 +395,7 @@ HINTS = {
         "Sort key for the running pass: a tuple, (not seq.is_decode, self.policy(seq)), so "
         "decodes sort first. Grow loop: `while not self.kv.can_append(seq.block_table, n):` "
         "pick the victim with max(..., key=self.policy) over the sequences still queued "
-        "(seq itself when none are), call self._preempt(victim, out), and leave the loop "
+        "(seq itself when none are), hand it to self._preempt with out, and leave the loop "
         "once seq was the victim; a while-else then appends and schedules. Admission "
         "returns when self._num_seqs() + seq.width exceeds config.max_num_seqs, or the "
         "chunk is 0, or the blocks are short; an admitted sequence becomes "

@@ -1,10 +1,10 @@
 """A time limit for one check, so an endless loop in your code cannot hang `minserve check`.
 
-In the main thread (a terminal, or a notebook kernel, which runs cells there) a SIGALRM
-timer raises `CheckTimeout` in the running code; in any other thread a watchdog thread
-raises it there with CPython's `PyThreadState_SetAsyncExc`. Either way it lands at the
-next Python line your loop runs, so `while True: pass` stops. A call that stays inside C
-(one huge tensor operation) is stopped when it returns.
+A SIGALRM timer raises `CheckTimeout` in the running code, at the next Python line your
+loop runs, so `while True: pass` stops; a call that stays inside C (one huge tensor
+operation) is stopped when it returns. Signals reach the main thread only, which is where
+a terminal runs `minserve check` and where a notebook kernel (ipykernel) runs its cells.
+Called from another thread (or where there is no SIGALRM), checks run without a limit.
 
 Given `files` (yours), the limit only stops code while one of them is on the call stack:
 a check that spends its first seconds loading a model, with none of your code running,
@@ -17,9 +17,7 @@ fires again every half second, in case a bare `except:` caught it.
 
 from __future__ import annotations
 
-import ctypes
 import signal
-import sys
 import threading
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -46,9 +44,8 @@ def time_limit(seconds: float | None, files: Collection[str] | None = None) -> I
     elif threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
         with _alarm(seconds, files):
             yield
-    else:
-        with _watchdog(seconds, files):
-            yield
+    else:  # signals reach the main thread only
+        yield
 
 
 def _runs(frame: FrameType | None, files: Collection[str] | None) -> bool:
@@ -80,43 +77,3 @@ def _alarm(seconds: float, files: Collection[str] | None) -> Iterator[None]:
         armed[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-@contextmanager
-def _watchdog(seconds: float, files: Collection[str] | None) -> Iterator[None]:
-    """A thread that raises `CheckTimeout` into this one after `seconds`."""
-    target = threading.get_ident()
-    done = threading.Event()
-    lock = threading.Lock()
-
-    def watch() -> None:
-        wait = seconds
-        while not done.wait(wait):
-            with lock:
-                if not done.is_set() and _runs(sys._current_frames().get(target), files):
-                    _raise_in(target, _timeout_class(seconds))
-            wait = _REPEAT
-
-    watcher = threading.Thread(target=watch, name="minserve-check-time-limit", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        with lock:
-            done.set()
-            _raise_in(target, None)  # drop one still pending
-        watcher.join()
-
-
-def _timeout_class(seconds: float) -> type[CheckTimeout]:
-    """PyThreadState_SetAsyncExc takes a class, raised without arguments: bind `seconds`."""
-    return type(
-        "CheckTimeout",
-        (CheckTimeout,),
-        {"__init__": lambda self: CheckTimeout.__init__(self, seconds)},
-    )
-
-
-def _raise_in(thread_id: int, exception: type[BaseException] | None) -> None:
-    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    set_async_exc(ctypes.c_ulong(thread_id), ctypes.py_object(exception) if exception else None)
