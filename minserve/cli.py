@@ -1,4 +1,5 @@
-"""The `minserve` command: `generate`, `serve`, `router`, `bench`, and `check` for the course."""
+"""The `minserve` command: `generate`, `serve`, `router`, `bench`, and `check` and `hint`
+for the course."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import shlex
 import sys
 
 from minserve.bench.cli import add_bench_parser
-from minserve.course import check
+from minserve.course import check, hints
 from minserve.router.cli import add_router_parser
 from minserve.server.cli import add_serve_parser
 
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate_parser(commands)
     check.add_check_parser(commands)
+    hints.add_hint_parser(commands)
     add_serve_parser(commands)
     add_router_parser(commands)
     add_bench_parser(commands)

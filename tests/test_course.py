@@ -5,22 +5,36 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
+import os
+import subprocess
+import sys
 import textwrap
+import threading
+import time
+import tomllib
 from functools import cache
 from pathlib import Path
 
+import hypothesis
 import pytest
 
+from minserve.cli import main as cli_main
 from minserve.course.chapters import CHAPTERS, REPO_ROOT, Chapter, get_chapter
 from minserve.course.check import Implementation, load_implementation, main, run_check
 from minserve.course.generate import (
+    chapter_exercises,
     find_drift,
     generated_files,
     has_local_edits,
     render_chapter,
     write_all,
 )
-from minserve.course.regions import MarkerError, parse_exercises, render_source
+from minserve.course.grade import grade_command
+from minserve.course.hints import hints_for, show_hint
+from minserve.course.regions import MarkerError, parse_exercises, render_source, solution_blocks
+from minserve.course.stats import print_stats
+from minserve.course.time_limit import CheckTimeout, time_limit
 
 CASES = [
     pytest.param(chapter, check, id=f"ch{chapter.number}-{check.__name__}")
@@ -34,9 +48,9 @@ def _implementation(chapter: Chapter, impl: str) -> Implementation:
     return load_implementation(chapter, impl, REPO_ROOT)
 
 
-def _report(*args: str, root: Path = REPO_ROOT) -> tuple[int, str]:
+def _report(*args: str, root: Path = REPO_ROOT, time_limit: float = 10.0) -> tuple[int, str]:
     stream = io.StringIO()
-    code = run_check(*args, stream=stream, root=root)
+    code = run_check(*args, stream=stream, root=root, time_limit=time_limit)
     return code, stream.getvalue()
 
 
@@ -354,3 +368,164 @@ def test_report_for_an_unknown_chapter_lists_the_known_ones():
 def test_check_without_a_chapter_lists_chapters(capsys):
     assert main([]) == 0
     assert "00  The model we serve  (exercises 0.1, 0.2, 0.3)" in capsys.readouterr().out
+
+
+# --- the time limit -----------------------------------------------------------------------
+
+ENDLESS_TOP_K = WRONG_TOP_K.replace(
+    "    third = logits.sort(dim=-1, descending=True).values[:, 2:3]  # always 3 tokens\n",
+    "    while True:\n        pass\n",
+)
+
+
+def test_an_endless_loop_stops_at_the_time_limit_and_names_the_exercise(tmp_path):
+    started = time.monotonic()
+    code, report = _report("00", root=_student_root(tmp_path, ENDLESS_TOP_K), time_limit=0.5)
+    assert time.monotonic() - started < 30  # one check times out; the rest are skipped
+    assert code == 1
+    assert "⧗ k = 2 keeps the two largest logits" in report
+    first_failure = report.split("First failure: ", 1)[1]
+    assert "Exercise 0.1: your code ran 0.5 s without finishing" in first_failure
+    assert "--time-limit SECONDS" in first_failure
+    assert "stopped in your code at" in first_failure and "in apply_top_k" in first_failure
+    assert "- apply_top_k returns a new tensor" in report
+    assert "skipped: it calls apply_top_k" in report
+    assert "✓" not in report  # 0.2 and 0.3 still run: not implemented, top-p wrong
+    assert "not implemented yet (Exercise 0.3)" in report
+
+
+def test_the_progress_note_of_an_exercise_says_what_must_change(tmp_path):
+    solution = (REPO_ROOT / "solutions" / "ch03_scheduler.py").read_text(encoding="utf-8")
+    endless = solution.replace(
+        "        self.waiting.sort(key=self.policy)\n", "        while True:\n            pass\n", 1
+    )
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "ch03_scheduler.py").write_text(endless)
+    code, report = _report("03", root=tmp_path, time_limit=0.5)
+    assert code == 1
+    assert "Exercise 3.1: your loop made no progress in 0.5 s: each pass must take" in report
+    assert "in _admit_waiting" in report and "skipped: it calls _admit_waiting" in report
+
+
+def test_minserve_check_in_a_terminal_stops_an_endless_loop(tmp_path):
+    root = _student_root(tmp_path, ENDLESS_TOP_K)
+    command = [sys.executable, "-m", "minserve.cli", "check", "00", "--root", str(root)]
+    started = time.monotonic()
+    done = subprocess.run(
+        [*command, "--time-limit", "1"], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Exercise 0.1: your code ran 1 s without finishing" in done.stdout
+    assert time.monotonic() - started < 120
+
+
+def test_off_the_main_thread_checks_run_without_a_limit():
+    """Signals reach the main thread only (a terminal's, or a notebook kernel's)."""
+    found: list[bool] = []
+
+    def work() -> None:
+        with time_limit(0.05):
+            time.sleep(0.2)
+        found.append(True)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=10)
+    assert found == [True]
+
+
+def test_the_time_limit_leaves_slow_code_that_is_not_yours_alone():
+    with time_limit(0.05, {"/nowhere/yours.py"}):
+        time.sleep(0.2)  # not your file: runs to the end
+    with pytest.raises(CheckTimeout), time_limit(0.05):
+        time.sleep(0.2)
+
+
+# --- hints ----------------------------------------------------------------------------------
+
+
+def _hint(*args, **kwargs) -> tuple[int, str]:
+    stream = io.StringIO()
+    code = show_hint(*args, stream=stream, **kwargs)
+    return code, stream.getvalue()
+
+
+def test_hint_levels_show_the_ones_before_them():
+    near_code = hints_for(get_chapter("03"), "3.1")[2]
+    code, first = _hint("03", "3.1")
+    assert code == 0 and "Hint 1 (the idea)" in first and "Hint 2" not in first
+    assert "More: --level 2" in first
+    _, third = _hint("03", "1", level=3)  # "1" is exercise 3.1
+    assert all(f"Hint {n}" in third for n in (1, 2, 3)) and "More:" not in third
+    assert " ".join(near_code.split()[:5]) in " ".join(third.split())
+
+
+def test_hint_without_an_exercise_lists_the_commands():
+    code, listing = _hint("03")
+    assert code == 0 and "minserve hint 03 3.1" in listing and "Exercise 3.1:" in listing
+
+
+def test_hint_for_an_unknown_exercise_or_a_chapter_without_hints(monkeypatch):
+    code, text = _hint("03", "3.9")
+    assert code == 1 and "no exercise '3.9' in chapter 03; its exercises are 3.1" in text
+    monkeypatch.setattr("minserve.course.hints.chapter_hints", lambda chapter: {})
+    code, text = _hint("03", "3.1")
+    assert code == 1 and "chapter 03 has no hints yet" in text
+
+
+def test_minserve_hint_on_the_command_line(capsys):
+    assert cli_main(["hint", "03", "3.1", "--level", "2"]) == 0
+    assert "Hint 2 (the structure)" in capsys.readouterr().out
+
+
+# --- grading: --all --json, and the statistics -------------------------------------------
+
+
+def test_json_report_has_a_row_per_check_and_counts(tmp_path):
+    stream = io.StringIO()
+    root = _student_root(tmp_path, WRONG_TOP_K)
+    code = grade_command("00", False, "exercises", root, 10.0, True, stream)
+    report = json.loads(stream.getvalue())
+    rows = report["checks"]
+    assert code == 1 and len(rows) == len(get_chapter("00").load_checks())
+    assert set(rows[0]) == {"chapter", "exercise", "check", "status", "message"}
+    first = rows[0]
+    assert (first["chapter"], first["exercise"], first["status"]) == ("00", "0.1", "fail")
+    assert "expected to keep tokens [1, 2], got [1, 2, 3]" in first["message"]
+    assert "exercises/ch00_sampling.py:6, in apply_top_k" in first["message"]
+    assert {row["exercise"] for row in rows} == {"0.1", "0.2", "0.3"}
+    todo = [row for row in rows if row["status"] == "not implemented"]
+    assert todo and all(row["exercise"] == "0.3" for row in todo)
+    summary = report["summary"]
+    assert summary["total"] == len(rows) == sum(v for k, v in summary.items() if k != "total")
+    assert report["chapters"]["00"] == summary
+
+
+def test_json_report_for_a_checkout_without_exercises_fails_every_check(tmp_path):
+    stream = io.StringIO()
+    assert grade_command("00", False, "exercises", tmp_path, 10.0, True, stream) == 1
+    rows = json.loads(stream.getvalue())["checks"]
+    assert rows and all(r["status"] == "fail" for r in rows)
+    assert all("no exercises/ folder" in r["message"] for r in rows)
+
+
+def test_stats_count_the_lines_inside_solution_blocks(capsys):
+    total = print_stats()
+    text = capsys.readouterr().out
+    lines = [
+        len(block)
+        for chapter in CHAPTERS
+        for exercise in chapter_exercises(chapter)
+        for block in solution_blocks(exercise)
+    ]
+    assert total == sum(lines) and all(lines)
+    assert text.splitlines()[-1].split()[-1] == str(total)
+    assert "03 Continuous batching" in text
+
+
+def test_hypothesis_is_a_core_dependency_pinned_to_the_installed_version():
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert f"hypothesis=={hypothesis.__version__}" in project["project"]["dependencies"]
+    install = (REPO_ROOT / "scripts" / "install.sh").read_text(encoding="utf-8")
+    assert 'install -e ".${extras}"' in install  # core dependencies with or without --dev

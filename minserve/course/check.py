@@ -6,8 +6,12 @@ The implementation under test is one of
 - `minserve`: the chapter's source modules inside minserve itself.
 
 Each check is a function taking that module; it passes, fails (an assertion or any other
-error), or meets a stub's `NotImplementedError`. The report shows one line per check,
-then the first failure in full: its message and the line of your code where it broke.
+error), meets a stub's `NotImplementedError`, or runs past its time limit (10 s unless
+`--time-limit` says otherwise): then the report names the exercise, what each pass of its
+loop must change, and the line it was stopped at. After a time-out, later checks that call
+the function which hung are skipped, so the whole run stays bounded. The report shows one
+line per check, then the first failure in full: its message and the line of your code
+where it broke.
 """
 
 from __future__ import annotations
@@ -19,17 +23,23 @@ import linecache
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import CodeType, FrameType, ModuleType
 from typing import Literal, TextIO
 
 from minserve.course.chapters import CHAPTERS, REPO_ROOT, Chapter, Check, get_chapter
+from minserve.course.time_limit import DEFAULT_TIME_LIMIT, CheckTimeout, time_limit
 
 IMPLS = ("exercises", "solutions", "minserve")
-Outcome = Literal["passed", "failed", "not implemented"]
-_MARKS = {"passed": "✓", "failed": "✗", "not implemented": "○"}
+Outcome = Literal["passed", "failed", "not implemented", "timed out", "skipped"]
+_MARKS = {"passed": "✓", "failed": "✗", "not implemented": "○", "timed out": "⧗", "skipped": "-"}
 _EXERCISE_ID = re.compile(r"Exercise (\d+(?:\.\d+)+)")
+# where a region starts: `# >>> exercise 3.1: ...` in minserve, `# Exercise 3.1: ...` generated
+_REGION_START = re.compile(r"^\s*# (?:>>> exercise|Exercise) (\d+(?:\.\d+)+):")
+_DEFINITION = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)")
+_REGION_END = re.compile(r"^\s*# <<< exercise\s*$")
 
 
 class CourseError(Exception):
@@ -53,6 +63,30 @@ class CheckResult:
     outcome: Outcome
     message: str = ""  # the exercise label, or the failure's message
     where: str = ""  # the failing line, yours when the traceback reaches your file
+    exercise: str = ""  # "3.1" when known: the stub met, or where a time-out stopped
+
+
+class _Skipped(BaseException):
+    """Raised on entering a function of yours that already ran past a time limit."""
+
+    def __init__(self, code: CodeType) -> None:
+        super().__init__(code.co_name)
+        self.code = code
+
+
+@dataclass
+class Session:
+    """What one run of a chapter's checks carries from check to check."""
+
+    seconds: float | None = DEFAULT_TIME_LIMIT  # per check; None: no limit
+    progress: dict[str, str] | None = None  # exercise id -> what each pass must change
+    hung: dict[CodeType, str] | None = None  # your functions that timed out -> that check
+    functions: dict[str, str] | None = None  # function or class name -> its exercise id
+
+    def exercise_of(self, code: CodeType, line: int | None = None) -> str:
+        """The exercise a function of yours belongs to: by its region in the file, else by
+        its name."""
+        return _exercise_at(code, line) or (self.functions or {}).get(code.co_name, "")
 
 
 def load_implementation(chapter: Chapter, impl: str, root: Path | None = None) -> Implementation:
@@ -112,29 +146,90 @@ def _merge(modules: list[ModuleType], chapter: Chapter) -> ModuleType:
     return merged
 
 
-def run_one(check: Check, impl: Implementation) -> CheckResult:
-    """Run one check and classify what happened."""
+def run_one(check: Check, impl: Implementation, session: Session | None = None) -> CheckResult:
+    """Run one check under the session's time limit and classify what happened."""
+    session = session or Session()
     name = check_name(check)
-    tracer = _ReturnTracer(impl.files)
+    tracer = _ReturnTracer(impl.files, session.hung or {})
+    seconds = session.seconds and session.seconds * getattr(check, "time_limit_factor", 1)
     try:
-        with tracer:
+        with time_limit(seconds, {str(f) for f in impl.files}), tracer:
             check(impl.module)
     except NotImplementedError as error:
-        if _EXERCISE_ID.search(str(error)):  # a stub; torch raises it too, for other reasons
-            return CheckResult(name, "not implemented", str(error))
+        if found := _EXERCISE_ID.search(str(error)):  # a stub; torch raises it too, elsewhere
+            return CheckResult(name, "not implemented", str(error), exercise=found[1])
         return CheckResult(name, "failed", _message(error), _where(error, impl, tracer))
+    except CheckTimeout as error:
+        return _timed_out(name, error, impl, session)
+    except _Skipped as skipped:
+        where = (session.hung or {}).get(skipped.code, "an earlier check")
+        message = (
+            f"skipped: it calls {skipped.code.co_name}, stopped at the time limit in "
+            f"'{where}'; fix that loop first"
+        )
+        return CheckResult(name, "skipped", message, exercise=session.exercise_of(skipped.code))
     except Exception as error:
         return CheckResult(name, "failed", _message(error), _where(error, impl, tracer))
     return CheckResult(name, "passed")
+
+
+def _timed_out(
+    name: str, error: CheckTimeout, impl: Implementation, session: Session
+) -> CheckResult:
+    """Name the exercise that hung, what must make progress, and where it was stopped."""
+    frames = [
+        (frame, line)
+        for frame, line in traceback.walk_tb(error.__traceback__)
+        if _resolve(frame.f_code.co_filename) in impl.files
+    ]
+    seconds = f"{error.seconds:g} s"
+    if not frames:
+        message = (
+            f"no result in {seconds}, and the time went outside your code (the check itself, "
+            "or minserve); on a slow machine, raise the limit: --time-limit SECONDS"
+        )
+        return CheckResult(name, "timed out", message)
+    frame, line = frames[-1]
+    exercise = session.exercise_of(frame.f_code, line)
+    progress = (session.progress or {}).get(exercise, "")
+    head = f"Exercise {exercise}: " if exercise else ""
+    if progress:
+        message = f"{head}your loop made no progress in {seconds}: {progress}"
+    else:
+        message = (
+            f"{head}your code ran {seconds} without finishing: look for a loop whose "
+            "condition never changes"
+        )
+    message += " (a slow machine? raise the limit: --time-limit SECONDS; in run_check, time_limit=)"
+    if session.hung is not None:
+        session.hung[frame.f_code] = name
+    where = _frame_text(
+        "stopped in your code at", frame.f_code.co_filename, line, frame.f_code.co_name
+    )
+    return CheckResult(name, "timed out", message, where, exercise)
+
+
+def _exercise_at(code: CodeType, line: int | None = None) -> str:
+    """The exercise whose region holds `line` (default: the function's first line) of
+    `code`'s file, or "" outside every region."""
+    filename, line = code.co_filename, line or code.co_firstlineno
+    found = ""
+    for text in linecache.getlines(filename)[:line]:
+        if start := _REGION_START.match(text):
+            found = start[1]
+        elif _REGION_END.match(text):
+            found = ""
+    return found
 
 
 class _ReturnTracer:
     """Remembers the last line of your code that returned, to show where a wrong value came
     from when the assertion that caught it lives in the check, not in your file."""
 
-    def __init__(self, files: tuple[Path, ...]) -> None:
+    def __init__(self, files: tuple[Path, ...], hung: dict[CodeType, str]) -> None:
         self._files = {str(f) for f in files}
         self._is_yours: dict[str, bool] = {}
+        self._hung = hung  # entering one of these raises _Skipped
         self.last: tuple[str, int, str] | None = None  # filename, line, function
 
     def __enter__(self) -> None:
@@ -145,6 +240,8 @@ class _ReturnTracer:
         sys.setprofile(self._previous)
 
     def _on_event(self, frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code in self._hung:
+            raise _Skipped(frame.f_code)
         if event != "return":
             return
         filename = frame.f_code.co_filename
@@ -221,16 +318,47 @@ def _indent(text: str, spaces: int) -> str:
     return "\n".join(" " * spaces + line if line else line for line in text.splitlines())
 
 
+def run_chapter(
+    chapter: Chapter,
+    implementation: Implementation,
+    seconds: float | None = DEFAULT_TIME_LIMIT,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> list[CheckResult]:
+    """Every check of `chapter` on `implementation`, each under `seconds`, in order."""
+    checks_module = importlib.import_module(chapter.checks)
+    progress = getattr(checks_module, "PROGRESS", {})
+    session = Session(seconds, progress, {}, _exercise_names(chapter))
+    results = []
+    for check in chapter.load_checks():
+        results.append(result := run_one(check, implementation, session))
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+def _exercise_names(chapter: Chapter) -> dict[str, str]:
+    """Each function and class defined in the chapter's regions -> its exercise id."""
+    from minserve.course.generate import chapter_exercises  # parses sources
+
+    names: dict[str, str] = {}
+    for exercise in chapter_exercises(chapter):
+        for line in exercise.lines:
+            if found := _DEFINITION.match(line):
+                names.setdefault(found[1], exercise.id)
+    return names
+
+
 def run_check(
     chapter_number: str,
     impl: str = "exercises",
     stream: TextIO | None = None,
     root: Path | None = None,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
 ) -> int:
     """Check one chapter and print the report to `stream`; 0 if every check passes, else 1.
 
     `stream` defaults to stdout; `root` is the folder holding `exercises/` and `solutions/`
-    (default: the current directory).
+    (default: the current directory); `time_limit` is in seconds per check (None: none).
     """
     stream = stream or sys.stdout
     try:
@@ -243,10 +371,12 @@ def run_check(
     command += "" if impl == "exercises" else f" --impl {impl}"
     print(f"Chapter {chapter.number}: {chapter.title}", file=stream)
     print(f"checking {implementation.label}\n", file=stream)
-    results = []
-    for check in chapter.load_checks():
-        results.append(result := run_one(check, implementation))
-        print(_result_line(result), file=stream, flush=True)
+    results = run_chapter(
+        chapter,
+        implementation,
+        time_limit,
+        lambda result: print(_result_line(result), file=stream, flush=True),
+    )
     print(_summary(results, implementation, command), file=stream)
     return 0 if all(r.outcome == "passed" for r in results) else 1
 
@@ -256,13 +386,17 @@ def _result_line(result: CheckResult) -> str:
     if result.outcome == "not implemented":
         found = _EXERCISE_ID.search(result.message)
         line += f": not implemented yet ({found[0] if found else result.message})"
+    elif result.outcome == "timed out":
+        line += ": stopped at the time limit"
+    elif result.outcome == "skipped":
+        line += f": {result.message.split(';')[0]}"
     return line
 
 
 def _summary(results: list[CheckResult], impl: Implementation, command: str) -> str:
     """The first failure in full, the count, and what to do next."""
     passed = sum(r.outcome == "passed" for r in results)
-    failures = [r for r in results if r.outcome == "failed"]
+    failures = [r for r in results if r.outcome in ("failed", "timed out")]
     todo = [r for r in results if r.outcome == "not implemented"]
     parts = []
     if failures:
@@ -307,6 +441,26 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default="exercises",
         help="what to check: your exercises (default), the solutions, or minserve itself",
     )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="the checkout holding exercises/ and solutions/ (default: the current folder)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT,
+        metavar="SECONDS",
+        help=f"stop a check after this long (default {DEFAULT_TIME_LIMIT:g}; 0: no limit)",
+    )
+    parser.add_argument("--all", action="store_true", help="check every chapter")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON report (for grading a class)"
+    )
+    parser.add_argument(
+        "--stats", action="store_true", help="count the exercises and the lines you write"
+    )
 
 
 def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -320,11 +474,22 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def check_command(args: argparse.Namespace) -> int:
-    """Run `minserve check [NN] [--impl ...]` from parsed arguments; returns the exit code."""
+    """Run `minserve check [NN | --all] [--impl ...] [--json] [--stats]` from parsed
+    arguments; returns the exit code."""
+    seconds = args.time_limit or None
+    if args.stats:
+        from minserve.course.stats import print_stats
+
+        print_stats()
+        return 0
+    if args.all or args.json:
+        from minserve.course.grade import grade_command
+
+        return grade_command(args.chapter, args.all, args.impl, args.root, seconds, args.json)
     if args.chapter is None:
         list_chapters()
         return 0
-    return run_check(args.chapter, args.impl)
+    return run_check(args.chapter, args.impl, root=args.root, time_limit=seconds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -154,6 +154,22 @@ def _track_solution_marker(region: _OpenRegion | None, line: str, path: str, num
         )
 
 
+def solution_blocks(exercise: Exercise) -> list[list[str]]:
+    """The lines strictly inside each `# >>> solution` ... `# <<< solution` block: what a
+    student writes."""
+    blocks: list[list[str]] = []
+    inside = False
+    for line in exercise.lines:
+        if _OPEN_SOLUTION.match(line):
+            inside = True
+            blocks.append([])
+        elif _CLOSE_SOLUTION.match(line):
+            inside = False
+        elif inside:
+            blocks[-1].append(line)
+    return blocks
+
+
 def check_unique_ids(exercises: Iterable[Exercise]) -> None:
     """Raise `MarkerError` if two regions share an id (in one file or across a chapter)."""
     seen: dict[str, Exercise] = {}
