@@ -328,11 +328,12 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "masked load of each token's physical block from the table; then one masked 2-D "
         "load of [BLOCK_N, BLOCK_D] (rows: block * stride_cb + offset * stride_cs; columns: "
         "kv_head * stride_ch + dims * stride_cd) and a masked 2-D store to row t of out.",
-        "valid = tokens < context_len; blocks = tl.load(block_table_ptr + tokens // "
-        "block_size, mask=valid, other=0); rows = blocks.to(tl.int64) * stride_cb + "
-        "(tokens % block_size) * stride_cs; load cache_ptr + rows[:, None] + cols with mask "
-        "valid[:, None] & (dims < head_dim)[None, :]; store at out_ptr + tokens[:, None] * "
-        "stride_ot + dims[None, :] with the same mask.",
+        "valid compares tokens with context_len; blocks is a tl.load at block_table_ptr "
+        "plus each token's logical block, masked by valid (other=0); the row offset is the "
+        "block (cast to tl.int64) times stride_cb plus the offset inside it times stride_cs; "
+        "add rows[:, None] and the column offsets to cache_ptr for one 2-D tl.load, then "
+        "tl.store it at out_ptr + tokens[:, None] * stride_ot + dims[None, :], both masked by "
+        "valid[:, None] & (dims < head_dim)[None, :].",
     ),
     "2.2": (
         "Attention for one query is softmax(scale * K q) V. The whole context fits one tile, "
@@ -343,9 +344,9 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "[BLOCK_N] = the sum over dims of q[None, :] * k, times scale; tl.where(valid, "
         "scores, -inf); p = exp(scores - max); out [BLOCK_D] = sum over tokens of p[:, None] "
         "* v, divided by the sum of p.",
-        "scores = tl.sum(q[None, :] * k, axis=1) * scale; scores = tl.where(valid, scores, "
-        "float('-inf')); p = tl.exp(scores - tl.max(scores, axis=0)); out = tl.sum(p[:, None] "
-        "* v, axis=0) / tl.sum(p, axis=0).",
+        "scores: tl.sum over axis 1 of the broadcast product of q and k, times scale; then "
+        "tl.where(valid, scores, -inf); p: tl.exp of the scores minus their tl.max over "
+        "axis 0; out: tl.sum over axis 0 of p[:, None] times v, divided by p's total.",
     ),
     "2.3": (
         "The context no longer fits one tile: walk it BLOCK_N tokens at a time and keep an "
@@ -357,9 +358,10 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "tl.dot(q, tl.trans(k)) with input_precision=PRECISION, -inf where not valid; "
         "m_new = max(m, row max); alpha = exp2(m - m_new); p = exp2(scores - m_new[:, None]); "
         "update l and acc with alpha, then m = m_new.",
-        "l = l * alpha + tl.sum(p, axis=1); acc = acc * alpha[:, None] + tl.dot(p, "
-        "v.to(tl.float32), input_precision=PRECISION); q is already multiplied by scale * "
-        "log2(e), so use tl.exp2, never tl.exp; convert k and v to fp32 right after loading.",
+        "l: the old l times alpha, plus p's row sums (tl.sum over axis 1); acc: the old acc "
+        "times alpha[:, None], plus tl.dot of p with the fp32 v (input_precision=PRECISION). "
+        "q is already multiplied by scale * log2(e), so use tl.exp2, never tl.exp; convert "
+        "k and v to fp32 right after loading.",
     ),
     "2.4": (
         "Each split wrote its own normalised output and lse = log2 of its softmax "
@@ -370,9 +372,9 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "exp2(lse - the largest lse) (no overflow, and the empty splits give exp2(-inf) = "
         "0); load the parts [BLOCK_SPLITS, BLOCK_D] masked (other=0.0); out = sum of "
         "weights[:, None] * parts over the splits, divided by the sum of the weights.",
-        "weights = tl.exp2(lse - tl.max(lse, axis=0)); parts = tl.load(part_ptr + seq * "
-        "stride_ps + head * stride_ph + splits[:, None] * stride_psplit + dims[None, :], "
-        "mask=..., other=0.0); out = tl.sum(weights[:, None] * parts, axis=0) / "
-        "tl.sum(weights, axis=0).",
+        "weights: tl.exp2 of lse minus tl.max(lse, axis=0); the parts' addresses are part_ptr "
+        "+ seq * stride_ps + head * stride_ph + splits[:, None] * stride_psplit + "
+        "dims[None, :], loaded with the 2-D mask and other=0.0; out: tl.sum over axis 0 of "
+        "weights[:, None] * parts, over tl.sum of the weights.",
     ),
 }
