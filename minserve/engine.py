@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from minserve.attention.backends import get_attention_backend
+from minserve.attention.backends import get_attention_backend, with_decode_kernels
+from minserve.attention.triton_decode import DecodeKernels
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
@@ -116,6 +117,7 @@ class LLMEngine:
         peers: StepPeers | None = None,  # tensor parallel: the other ranks' workers
         speculative_config: SpeculativeConfig | None = None,
         sample_output_cls: type = SampleOutput,
+        decode_kernels: DecodeKernels | None = None,  # chapter 02: the Triton decode kernels
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -131,6 +133,8 @@ class LLMEngine:
         )  # fmt: skip
         self.execution = loaded.execution.with_attention(attention_backend)  # how it runs
         backend = get_attention_backend(self.execution.attention)
+        if decode_kernels is not None:
+            backend = with_decode_kernels(self.execution.attention, decode_kernels)
         self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from minserve.attention.triton_decode import DecodeKernels
 from minserve.config import CacheConfig, SchedulerConfig
 from minserve.distributed.launcher import TensorParallelDriver, start_tensor_parallel
 from minserve.engine import LLMEngine
@@ -47,7 +48,9 @@ class LLM:
     docs/engine.md); engine="reference" runs the contiguous-KV reference path instead (the oracle).
     tensor_parallel_size=N splits the model over N processes (docs/distributed.md); call
     `shutdown()` when done. speculative_config={"method": "ngram", "num_speculative_tokens": k}
-    turns on speculative decoding (docs/speculative.md). How it runs on this machine
+    turns on speculative decoding (docs/speculative.md). decode_kernels (with
+    attention_backend="triton") replaces the Triton decode kernels, as chapter 02 does with a
+    student's (docs/course.md). How it runs on this machine
     (device, dtype, attention backend, C kernels) is logged once at info level and returned
     by `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
     """
@@ -78,10 +81,13 @@ class LLM:
         engine: str = "paged",
         tensor_parallel_size: int = 1,
         speculative_config: dict[str, Any] | None = None,
+        decode_kernels: DecodeKernels | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         speculative = _speculative(speculative_config, engine, tensor_parallel_size)
+        if decode_kernels is not None and (engine != "paged" or tensor_parallel_size != 1):
+            raise ValueError("decode_kernels runs on the paged engine with one process only")
         cache = CacheConfig(
             block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching,
             kv_offloading_size, gpu_memory_utilization,
@@ -108,6 +114,7 @@ class LLM:
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
                 attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
                 **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
+                decode_kernels=decode_kernels,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:

@@ -1,21 +1,108 @@
-# Generated from minserve/attention/triton_decode.py by `python -m minserve.course.generate`;
+# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 02, Paged attention: the Triton decode kernel.
+"""Chapter 02, Paged attention: four Triton kernels, each built on the one before.
 
-One program attends one sequence's query heads (those sharing a KV head) over its
-keys and values, found through the block table, with an online softmax. Launch
-your kernel with `paged_decode(..., kernel=paged_decode_kernel)`; on a CPU it runs
-in Triton's interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).
+2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over
+a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax
+tile after tile; 2.4 merges the splits of flash-decoding. Launch them with
+`gather_kv`, `tile_attention` and `paged_decode(..., kernel=, combine_kernel=)`;
+run the engine on 2.3 and 2.4 with `LLM(attention_backend="triton",
+decode_kernels=DecodeKernels.from_module(module))`. On a CPU they run in Triton's
+interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).
 """
 
 import triton
 import triton.language as tl
 
 from minserve.attention import triton_env  # noqa: F401  (before any @triton.jit)
+from minserve.attention.triton_decode import DecodeKernels  # noqa: F401
 from minserve.attention.triton_decode import paged_decode  # noqa: F401
+from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401
 
 
-# Exercise 2.1: the paged decode kernel
+# Exercise 2.1: gather K rows through the block table
+@triton.jit
+def gather_kv_kernel(
+    cache_ptr,  # [num_blocks, block_size, Hkv, D]: the pool's K (or V) of one layer
+    block_table_ptr,  # [max_blocks] int32: one sequence's physical blocks, in order
+    out_ptr,  # [num_tiles * BLOCK_N, D]: the sequence's rows of one KV head, contiguous
+    context_len,  # tokens in the sequence
+    kv_head,
+    block_size,  # tokens per KV block
+    head_dim,
+    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_ot,
+    BLOCK_N: tl.constexpr,  # tokens per program (one tile)
+    BLOCK_D: tl.constexpr,  # head_dim padded to a power of two
+):  # fmt: skip
+    """Copy the tile of tokens [tile * BLOCK_N, (tile + 1) * BLOCK_N) to rows of `out`.
+
+    Token t sits in physical block `block_table[t // block_size]` at offset
+    `t % block_size`. Load only tokens below `context_len` (the rest of the pool belongs to
+    other sequences, or to nobody; the block table may hold garbage past the context) and
+    store token t's row of KV head `kv_head` to row t of `out`. Rows past the context stay
+    as they were.
+    """
+    tile = tl.program_id(0)
+    tokens = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]: this program's positions
+    dims = tl.arange(0, BLOCK_D)
+    valid = tokens < context_len
+    blocks = tl.load(block_table_ptr + tokens // block_size, mask=valid, other=0)
+    rows = blocks.to(tl.int64) * stride_cb + (tokens % block_size) * stride_cs  # [BLOCK_N]
+    mask = valid[:, None] & (dims < head_dim)[None, :]  # [BLOCK_N, BLOCK_D]
+    cols = kv_head * stride_ch + dims[None, :] * stride_cd  # [1, BLOCK_D]
+    tile_kv = tl.load(cache_ptr + rows[:, None] + cols, mask=mask)  # [BLOCK_N, BLOCK_D]
+    tl.store(out_ptr + tokens[:, None] * stride_ot + dims[None, :], tile_kv, mask=mask)
+
+
+# Exercise 2.2: one tile of softmax attention
+@triton.jit
+def tile_attention_kernel(
+    q_ptr,  # [Hq, D]: one sequence's query token
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_cache_ptr,  # [num_blocks, block_size, Hkv, D], the same strides as k_cache
+    block_table_ptr,  # [max_blocks] int32: the sequence's physical blocks
+    out_ptr,  # [Hq, D]
+    context_len,  # tokens in the sequence: at most BLOCK_N
+    scale,  # softmax scale, usually 1 / sqrt(head_dim)
+    block_size,
+    head_dim,
+    group,  # query heads per KV head (GQA ratio)
+    stride_qh,
+    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_oh,
+    BLOCK_N: tl.constexpr,  # the tile: context_len padded to a power of two
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Attend one query head over a context that fits one tile: `out[head]` =
+    softmax(scale * K q) V over the sequence's first `context_len` tokens.
+
+    Gather the tile's K and V as in exercise 2.1 (masked: other=0.0), convert them to fp32,
+    score q against every key, give the slots past the context a score of -inf, and take
+    the softmax with its maximum subtracted first (exp of a large score overflows). Leave
+    the output row `out` [BLOCK_D] for the store below.
+    """
+    head = tl.program_id(0)
+    kv_head = head // group  # grouped-query attention: the KV head this query head reads
+    tokens = tl.arange(0, BLOCK_N)  # [BLOCK_N]: the whole context, one tile
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(q_ptr + head * stride_qh + dims, mask=dims < head_dim, other=0.0)
+    q = q.to(tl.float32)  # [BLOCK_D]
+    valid = tokens < context_len
+    blocks = tl.load(block_table_ptr + tokens // block_size, mask=valid, other=0)
+    rows = blocks.to(tl.int64) * stride_cb + (tokens % block_size) * stride_cs  # [BLOCK_N]
+    mask = valid[:, None] & (dims < head_dim)[None, :]
+    cols = kv_head * stride_ch + dims[None, :] * stride_cd
+    k = tl.load(k_cache_ptr + rows[:, None] + cols, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(v_cache_ptr + rows[:, None] + cols, mask=mask, other=0.0).to(tl.float32)
+    scores = tl.sum(q[None, :] * k, axis=1) * scale  # [BLOCK_N]
+    scores = tl.where(valid, scores, float("-inf"))
+    p = tl.exp(scores - tl.max(scores, axis=0))  # [BLOCK_N]: 0 past the context
+    out = tl.sum(p[:, None] * v, axis=0) / tl.sum(p, axis=0)  # [BLOCK_D]
+    tl.store(out_ptr + head * stride_oh + dims, out, mask=dims < head_dim)
+
+
+# Exercise 2.3: the paged decode kernel
 @triton.jit
 def paged_decode_kernel(
     q_ptr,  # [S, Hq, D]: each sequence's one query token
@@ -98,3 +185,53 @@ def paged_decode_kernel(
     lse_rows = lse_ptr + seq * stride_ls + heads * stride_lh + split
     lse = tl.where(l > 0, m + tl.log2(l_safe), float("-inf"))
     tl.store(lse_rows, lse, mask=group < GROUP)
+
+
+# Exercise 2.4: combine the splits (flash-decoding)
+@triton.jit
+def combine_splits_kernel(
+    part_ptr,  # [S, Hq, num_splits, D] fp32: each split's normalised output
+    lse_ptr,  # [S, Hq, num_splits] fp32: each split's log2-sum-exp
+    out_ptr,  # [S, Hq, D]
+    stride_ps, stride_ph, stride_psplit,
+    stride_ls, stride_lh,
+    stride_os, stride_oh,
+    num_splits,
+    head_dim,
+    BLOCK_SPLITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Merge the splits of one (sequence, head) into its output.
+
+    Split i wrote its normalised output `part_i` [D] and `lse_i` = log2 of its sum of
+    exp2(scores): its share of the softmax's denominator is 2^lse_i. So the output is
+    sum_i 2^lse_i part_i / sum_i 2^lse_i; subtract the largest lse before exp2 (no
+    overflow). An empty split has lse = -inf: weight 0. Mask the splits past `num_splits`
+    (other=-inf for lse) and leave the merged row `out` [BLOCK_D] for the store below.
+    """
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_SPLITS)
+    dims = tl.arange(0, BLOCK_D)
+    lse = tl.load(
+        lse_ptr + seq * stride_ls + head * stride_lh + splits,
+        mask=splits < num_splits,
+        other=float("-inf"),
+    )  # [BLOCK_SPLITS]; an empty split has -inf and weighs nothing
+    weights = tl.exp2(lse - tl.max(lse, axis=0))
+    mask = (splits < num_splits)[:, None] & (dims < head_dim)[None, :]
+    parts = tl.load(
+        part_ptr
+        + seq * stride_ps
+        + head * stride_ph
+        + splits[:, None] * stride_psplit
+        + dims[None, :],
+        mask=mask,
+        other=0.0,
+    )  # [BLOCK_SPLITS, BLOCK_D]
+    out = tl.sum(weights[:, None] * parts, axis=0) / tl.sum(weights, axis=0)
+    tl.store(
+        out_ptr + seq * stride_os + head * stride_oh + dims,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dims < head_dim,
+    )

@@ -15,14 +15,19 @@ import torch
 from test_paged_attention import Seq, Step, edge_lengths, make_step
 
 from minserve import LLM, SamplingParams
-from minserve.attention.backends import get_attention_backend
+from minserve.attention.backends import get_attention_backend, with_decode_kernels
 from minserve.attention.paged_torch import (
     TorchPagedAttention,
     paged_attention_reference,
     paged_store_reference,
 )
 from minserve.attention.triton_backend import TritonPagedAttention
-from minserve.attention.triton_decode import paged_decode
+from minserve.attention.triton_decode import (
+    DecodeKernels,
+    combine_splits_kernel,
+    paged_decode,
+    paged_decode_kernel,
+)
 from minserve.attention.triton_prefill import paged_prefill
 from minserve.attention.triton_store import paged_store
 
@@ -202,3 +207,32 @@ def test_engine_greedy_outputs_equal_the_torch_backends(tiny_model) -> None:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         outputs[backend] = [o.outputs[0].token_ids for o in outs]
     assert outputs["triton"] == outputs["torch"]
+
+
+def test_engine_runs_the_decode_kernels_it_is_given(tiny_model) -> None:
+    """`decode_kernels` (chapter 02's hook): the engine launches them at every decode step."""
+    launches = []
+
+    def counting(kernel):
+        class Counted:  # `kernel[grid](...)`, counted
+            def __getitem__(self, grid):
+                launches.append(grid)
+                return kernel[grid]
+
+        return Counted()
+
+    kernels = DecodeKernels(counting(paged_decode_kernel), combine_splits_kernel)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [5, 17, 300]}]
+    tokens = {}
+    for backend, chosen in (("torch", None), ("triton", kernels)):
+        llm = LLM(tiny_model("llama"), block_size=4, num_blocks=16, attention_backend=backend,
+                  decode_kernels=chosen)  # fmt: skip
+        tokens[backend] = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert tokens["triton"] == tokens["torch"]
+    assert launches, "the engine never launched the kernel it was given"
+
+
+def test_decode_kernels_need_the_triton_backend() -> None:
+    with pytest.raises(ValueError, match="pass attention_backend='triton'"):
+        with_decode_kernels("torch", DecodeKernels())

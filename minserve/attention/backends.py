@@ -8,11 +8,14 @@ what was resolved)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.attention.triton_backend import TritonPagedAttention
+from minserve.attention.triton_decode import DecodeKernels
 from minserve.kernels.build import build_error
 
 ATTENTION_BACKENDS: dict[str, type] = {
@@ -57,3 +60,14 @@ def resolve_attention(name: str, device: torch.device, c_kernels: bool) -> str:
     if device.type == "cuda":
         return "triton"
     return "cpu" if c_kernels else "torch"
+
+
+def with_decode_kernels(name: str, kernels: DecodeKernels) -> partial:
+    """The Triton backend launching `kernels` (chapter 02's exercises) at every decode step;
+    `name` is the backend the engine resolved, which must be "triton"."""
+    if name != "triton":
+        raise ValueError(
+            f"decode_kernels are Triton kernels, but the attention backend is {name!r}; "
+            "pass attention_backend='triton' as well"
+        )
+    return partial(TritonPagedAttention, decode_kernels=kernels)

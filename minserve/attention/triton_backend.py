@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from minserve.attention.metadata import AttentionMetadata, PagedKVCache
-from minserve.attention.triton_decode import paged_decode
+from minserve.attention.triton_decode import DecodeKernels, paged_decode
 from minserve.attention.triton_env import check_kernel_device
 from minserve.attention.triton_prefill import paged_prefill
 from minserve.attention.triton_store import paged_store
@@ -55,10 +55,15 @@ class TritonPagedAttention:
     """`AttentionFn` over a paged KV pool (PagedAttention) with Triton kernels."""
 
     def __init__(
-        self, kv: PagedKVCache, metadata: AttentionMetadata, scale: float | None = None
+        self,
+        kv: PagedKVCache,
+        metadata: AttentionMetadata,
+        scale: float | None = None,
+        decode_kernels: DecodeKernels | None = None,  # chapter 02 plugs its own in
     ) -> None:
         check_kernel_device(kv.k_cache(0), metadata.block_tables)
         self.kv = kv
+        self.decode_kernels = decode_kernels or DecodeKernels()
         self.metadata = metadata
         self.scale = scale
         query_lens = metadata.query_lens.tolist()
@@ -82,7 +87,8 @@ class TritonPagedAttention:
             d = self.decodes
             out[self.decode_rows] = paged_decode(
                 q[self.decode_rows], k_cache, v_cache, d.block_tables, d.context_lens,
-                d.max_context_len, self.scale,
+                d.max_context_len, self.scale, kernel=self.decode_kernels.decode,
+                combine_kernel=self.decode_kernels.combine,
             )  # fmt: skip
         if self.chunks is not None:
             c = self.chunks

@@ -11,6 +11,8 @@ output and log-sum-exp, and `combine_splits_kernel` merges them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import triton
@@ -21,7 +23,7 @@ from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a 
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism
 
 
-# >>> exercise 2.1: the paged decode kernel
+# >>> exercise 2.3: the paged decode kernel
 @triton.jit
 def paged_decode_kernel(
     q_ptr,  # [S, Hq, D]: each sequence's one query token
@@ -111,6 +113,7 @@ def paged_decode_kernel(
 # <<< exercise
 
 
+# >>> exercise 2.4: combine the splits (flash-decoding)
 @triton.jit
 def combine_splits_kernel(
     part_ptr,  # [S, Hq, num_splits, D] fp32: each split's normalised output
@@ -124,11 +127,19 @@ def combine_splits_kernel(
     BLOCK_SPLITS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Merge the splits of one (sequence, head): weight each by exp2(its lse - the max)."""
+    """Merge the splits of one (sequence, head) into its output.
+
+    Split i wrote its normalised output `part_i` [D] and `lse_i` = log2 of its sum of
+    exp2(scores): its share of the softmax's denominator is 2^lse_i. So the output is
+    sum_i 2^lse_i part_i / sum_i 2^lse_i; subtract the largest lse before exp2 (no
+    overflow). An empty split has lse = -inf: weight 0. Mask the splits past `num_splits`
+    (other=-inf for lse) and leave the merged row `out` [BLOCK_D] for the store below.
+    """
     seq = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_SPLITS)
     dims = tl.arange(0, BLOCK_D)
+    # >>> solution
     lse = tl.load(
         lse_ptr + seq * stride_ls + head * stride_lh + splits,
         mask=splits < num_splits,
@@ -146,11 +157,29 @@ def combine_splits_kernel(
         other=0.0,
     )  # [BLOCK_SPLITS, BLOCK_D]
     out = tl.sum(weights[:, None] * parts, axis=0) / tl.sum(weights, axis=0)
+    # <<< solution
     tl.store(
         out_ptr + seq * stride_os + head * stride_oh + dims,
         out.to(out_ptr.dtype.element_ty),
         mask=dims < head_dim,
     )
+
+
+# <<< exercise
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """The two kernels `paged_decode` launches; chapter 02's exercises can replace either
+    (`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(m))`)."""
+
+    decode: triton.JITFunction = paged_decode_kernel
+    combine: triton.JITFunction = combine_splits_kernel
+
+    @classmethod
+    def from_module(cls, module: ModuleType) -> DecodeKernels:
+        """The module's `paged_decode_kernel` and `combine_splits_kernel`."""
+        return cls(module.paged_decode_kernel, module.combine_splits_kernel)
 
 
 def choose_num_splits(
@@ -181,10 +210,12 @@ def paged_decode(
     num_splits: int | None = None,
     block_n: int = 64,
     kernel: triton.JITFunction = paged_decode_kernel,
+    combine_kernel: triton.JITFunction = combine_splits_kernel,
 ) -> torch.Tensor:
     """Decode attention: q [S, Hq, D] over each sequence's paged K/V -> [S, Hq, D].
 
-    `kernel` may be any kernel with `paged_decode_kernel`'s signature (chapter 02's exercise).
+    `kernel` and `combine_kernel` may be any kernels with `paged_decode_kernel`'s and
+    `combine_splits_kernel`'s signatures (chapter 02's exercises 2.3 and 2.4).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -214,12 +245,24 @@ def paged_decode(
         PRECISION=dot_precision(k_cache.dtype),
     )  # fmt: skip
     if num_splits > 1:
-        combine_splits_kernel[(num_seqs, num_heads)](
-            parts, lse, out, *parts.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
-            num_splits, head_dim,
-            BLOCK_SPLITS=triton.next_power_of_2(num_splits),
-            BLOCK_D=triton.next_power_of_2(head_dim),
-        )  # fmt: skip
+        combine_splits(parts, lse, out, combine_kernel)
+    return out
+
+
+def combine_splits(
+    parts: torch.Tensor,
+    lse: torch.Tensor,
+    out: torch.Tensor,
+    kernel: triton.JITFunction = combine_splits_kernel,
+) -> torch.Tensor:
+    """Merge parts [S, Hq, splits, D] (fp32) weighted by lse [S, Hq, splits] into out [S, Hq, D]."""
+    num_seqs, num_heads, num_splits, head_dim = parts.shape
+    kernel[(num_seqs, num_heads)](
+        parts, lse, out, *parts.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
+        num_splits, head_dim,
+        BLOCK_SPLITS=triton.next_power_of_2(num_splits),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )  # fmt: skip
     return out
 
 

@@ -83,18 +83,23 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="paged_attention",
         title="Paged attention",
         module="ch02_paged_attention",
-        sources=("attention/triton_decode.py",),
+        sources=("attention/triton_tiles.py", "attention/triton_decode.py"),
         header=(
-            '"""Chapter 02, Paged attention: the Triton decode kernel.\n\n'
-            "One program attends one sequence's query heads (those sharing a KV head) over its\n"
-            "keys and values, found through the block table, with an online softmax. Launch\n"
-            "your kernel with `paged_decode(..., kernel=paged_decode_kernel)`; on a CPU it runs\n"
-            "in Triton's interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).\n"
+            '"""Chapter 02, Paged attention: four Triton kernels, each built on the one before.\n\n'
+            "2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over\n"
+            "a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax\n"
+            "tile after tile; 2.4 merges the splits of flash-decoding. Launch them with\n"
+            "`gather_kv`, `tile_attention` and `paged_decode(..., kernel=, combine_kernel=)`;\n"
+            'run the engine on 2.3 and 2.4 with `LLM(attention_backend="triton",\n'
+            "decode_kernels=DecodeKernels.from_module(module))`. On a CPU they run in Triton's\n"
+            "interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).\n"
             '"""\n\n'
             "import triton\n"
             "import triton.language as tl\n\n"
             "from minserve.attention import triton_env  # noqa: F401  (before any @triton.jit)\n"
+            "from minserve.attention.triton_decode import DecodeKernels  # noqa: F401\n"
             "from minserve.attention.triton_decode import paged_decode  # noqa: F401\n"
+            "from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401\n"
         ),
         checks="minserve.course.checks_ch02",
     ),

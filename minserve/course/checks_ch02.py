@@ -1,26 +1,37 @@
-"""Checks for chapter 02 (paged attention), run against any module that defines
-`paged_decode_kernel`: minserve's own, the solutions, or a student's exercise file.
+"""Checks for chapter 02 (paged attention), run against any module that defines the
+chapter's four kernels: minserve's own, the solutions, or a student's exercise file.
 
 Each check builds a small paged KV pool (blocks of 4 tokens, handed out in shuffled order,
 every other slot filled with NaN: a kernel that reads one slot past a context returns NaN),
-launches the kernel under test through minserve's launcher `paged_decode(kernel=...)`, and
-compares it with the plain-torch reference `paged_attention_reference`. A mismatch names
-the sequence, its context length, the query head and the largest error. The tensors live
-where the kernel runs: the CPU in Triton's interpreter, the GPU when Triton compiles.
+launches the kernel under test through minserve's launchers (`gather_kv`, `tile_attention`,
+`paged_decode(kernel=..., combine_kernel=...)`), and compares it with plain torch: an
+indexing of the pool for 2.1, `paged_attention_reference` for 2.2-2.4, a log-sum-exp merge
+for 2.4. Each rung is checked alone: the other kernels of a launch are minserve's. A
+mismatch names the sequence, its context length, the query head and the largest error. The
+tensors live where the kernel runs: the CPU in Triton's interpreter, the GPU when Triton
+compiles.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TypeVar
 
 import torch
+from triton.compiler.errors import CompilationError
 from triton.runtime.errors import InterpreterError
 
 from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_torch import paged_attention_reference
-from minserve.attention.triton_decode import paged_decode
+from minserve.attention.triton_decode import combine_splits, paged_decode
 from minserve.attention.triton_env import interpreting
+from minserve.attention.triton_tiles import gather_kv, tile_attention
+
+T = TypeVar("T")
 
 BLOCK_SIZE = 4
 HEAD_DIM = 16
@@ -39,6 +50,7 @@ class DecodeCase:
     k_cache: torch.Tensor  # [num_blocks, BLOCK_SIZE, Hkv, D], NaN outside every context
     v_cache: torch.Tensor
     metadata: AttentionMetadata
+    contexts: tuple[int, ...]  # each sequence's context length, on the host
 
     @classmethod
     def random(
@@ -65,7 +77,7 @@ class DecodeCase:
             device=device,
         )  # fmt: skip
         q = torch.randn(len(contexts), heads, HEAD_DIM, generator=gen)
-        return cls(*(t.to(device, dtype) for t in (q, k_cache, v_cache)), metadata)
+        return cls(*(t.to(device, dtype) for t in (q, k_cache, v_cache)), metadata, tuple(contexts))
 
     def expected(self, scale: float | None = None) -> torch.Tensor:
         """The reference, on the same pool with its NaNs zeroed (it reads whole blocks)."""
@@ -73,16 +85,43 @@ class DecodeCase:
         return paged_attention_reference(self.q, k, v, self.metadata, scale).float().cpu()
 
 
-def run_kernel(impl: ModuleType, case: DecodeCase, **options) -> torch.Tensor:
-    """Launch the implementation's kernel; an error inside it is re-raised as itself."""
-    md = case.metadata
+def launched(launch: Callable[..., T], *args, **kwargs) -> T:
+    """Run a kernel launch; what the kernel raised comes out as itself. In the interpreter a
+    stub raises its NotImplementedError; compiled, Triton rejects the `raise` statement."""
     try:
-        out = paged_decode(
-            case.q, case.k_cache, case.v_cache, md.block_tables, md.context_lens,
-            md.max_context_len, kernel=impl.paged_decode_kernel, **options,
-        )  # fmt: skip
+        return launch(*args, **kwargs)
     except InterpreterError as error:  # the interpreter wraps what the kernel raised
         raise (error.__cause__ or error) from None
+    except CompilationError as error:
+        if stub := _STUB.search(str(error)):
+            raise NotImplementedError(stub["label"]) from None
+        raise
+
+
+_STUB = re.compile(r'raise NotImplementedError\("(?P<label>Exercise [^"]+)"\)')
+
+
+def run_kernel(impl: ModuleType, case: DecodeCase, **options) -> torch.Tensor:
+    """Launch the implementation's decode kernel (2.3) with minserve's combine; or, with
+    `combine=True`, minserve's decode kernel with the implementation's combine (2.4)."""
+    md = case.metadata
+    kernels = (
+        {"combine_kernel": impl.combine_splits_kernel}
+        if options.pop("combine", False)
+        else {"kernel": impl.paged_decode_kernel}
+    )
+    out = launched(
+        lambda: paged_decode(
+            case.q,
+            case.k_cache,
+            case.v_cache,
+            md.block_tables,
+            md.context_lens,
+            md.max_context_len,
+            **kernels,
+            **options,
+        )  # fmt: skip
+    )
     return out.float().cpu()
 
 
@@ -95,7 +134,7 @@ def assert_close(case: DecodeCase, got: torch.Tensor, what: str, scale: float | 
     """Compare per (sequence, head) and name the first pair that is off."""
     expected = case.expected(scale)
     tol = TOLERANCE[case.q.dtype]
-    contexts = case.metadata.context_lens.tolist()
+    contexts = case.contexts
     for seq, head in torch.cartesian_prod(
         torch.arange(got.shape[0]), torch.arange(got.shape[1])
     ).tolist():
@@ -112,6 +151,81 @@ def assert_close(case: DecodeCase, got: torch.Tensor, what: str, scale: float | 
 
 def _head(row: torch.Tensor) -> str:
     return "[" + ", ".join(f"{x:.4f}" for x in row[:4].tolist()) + ", ...]"
+
+
+def gathered(case: DecodeCase, seq: int, kv_head: int) -> torch.Tensor:
+    """What 2.1 should return: the sequence's K rows of `kv_head` by indexing, [n, D]."""
+    n = int(case.metadata.context_lens[seq])
+    table = case.metadata.block_tables[seq].cpu().long()
+    tokens = torch.arange(n)
+    return case.k_cache.cpu()[table[tokens // BLOCK_SIZE], tokens % BLOCK_SIZE, kv_head]
+
+
+def assert_gather(impl: ModuleType, case: DecodeCase, kv_head: int, block_n: int) -> None:
+    """Every sequence gathered alone; rows in the context equal the pool's, the rest 0."""
+    md = case.metadata
+    for seq, n in enumerate(case.contexts):
+        got = launched(
+            gather_kv, case.k_cache, md.block_tables[seq], n, kv_head, block_n,
+            kernel=impl.gather_kv_kernel,
+        ).float().cpu()  # fmt: skip
+        expected, table = gathered(case, seq, kv_head).float(), md.block_tables[seq].tolist()
+        what = f"sequence {seq} (context of {n} tokens, block table {table[: -(-n // BLOCK_SIZE)]})"
+        for t in range(got.shape[0]):
+            if t < n and not torch.equal(got[t], expected[t]):
+                raise AssertionError(
+                    f"gather, {what}, tiles of {block_n}: token {t} lives in block "
+                    f"{table[t // BLOCK_SIZE]} at offset {t % BLOCK_SIZE}, KV head {kv_head}; "
+                    f"expected {_head(expected[t])}, got {_head(got[t])}"
+                    + (NAN_HINT if got[t].isnan().any() else "")
+                )
+            if t >= n and got[t].abs().max() != 0:
+                raise AssertionError(
+                    f"gather, {what}, tiles of {block_n}: row {t} is past the context and "
+                    f"must stay 0, got {_head(got[t])}; mask the loads and the store with "
+                    "t < context_len" + (NAN_HINT if got[t].isnan().any() else "")
+                )
+
+
+def check_gather_follows_the_block_table(impl: ModuleType) -> None:
+    """Gather: contexts of 3, 4, 5 and 14 tokens, tiles of 4, KV head 1, NaN beyond"""
+    assert_gather(impl, DecodeCase.random([3, 4, 5, 14]), kv_head=1, block_n=4)
+
+
+def check_gather_tiles_span_blocks(impl: ModuleType) -> None:
+    """Gather: tiles of 8 tokens span two blocks of 4; contexts of 3 and 13, KV head 0"""
+    assert_gather(impl, DecodeCase.random([13, 3]), kv_head=0, block_n=8)
+
+
+def run_tile(impl: ModuleType, case: DecodeCase, scale: float | None = None) -> torch.Tensor:
+    """2.2 on every sequence of the case, one at a time: [S, Hq, D] on the CPU."""
+    md = case.metadata
+    rows = [
+        launched(
+            tile_attention,
+            case.q[seq],
+            case.k_cache,
+            case.v_cache,
+            md.block_tables[seq],
+            n,
+            scale,
+            kernel=impl.tile_attention_kernel,
+        )  # fmt: skip
+        for seq, n in enumerate(case.contexts)
+    ]
+    return torch.stack(rows).float().cpu()
+
+
+def check_one_tile_softmax_attention(impl: ModuleType) -> None:
+    """One tile: contexts of 1, 3, 4 and 7 tokens, 4 query heads over 2 KV heads"""
+    case = DecodeCase.random([1, 3, 4, 7], heads=4, kv_heads=2)
+    assert_close(case, run_tile(impl, case), "one tile")
+
+
+def check_one_tile_subtracts_the_max(impl: ModuleType) -> None:
+    """One tile, scale 20: scores in the hundreds, whose exp overflows unless the max goes first"""
+    case = DecodeCase.random([5, 8])
+    assert_close(case, run_tile(impl, case, scale=20.0), "one tile, scale 20", scale=20.0)
 
 
 def check_a_context_of_one_token_returns_its_value(impl: ModuleType) -> None:
@@ -158,7 +272,42 @@ def check_bf16_inputs_are_upcast(impl: ModuleType) -> None:
     assert_close(case, run_kernel(impl, case), "bf16 inputs")
 
 
+def check_combine_weighs_each_split_by_its_lse(impl: ModuleType) -> None:
+    """Combine: 3 splits with lse 300, 290 and -inf (empty), and 3 equal ones"""
+    gen = torch.Generator().manual_seed(2)
+    parts = torch.randn(1, 2, 3, HEAD_DIM, generator=gen)  # [S, Hq, splits, D]
+    lse = torch.tensor([[[300.0, 290.0, float("-inf")], [1.5, 1.5, 1.5]]])  # [S, Hq, splits]
+    parts[0, 0, 2] = 1000.0  # an empty split (its output is 0 in the engine) weighs nothing
+    weights = torch.softmax(lse * math.log(2), dim=-1)  # 2^lse_i / sum_j 2^lse_j
+    expected = (weights[..., None] * parts).sum(dim=2)  # [S, Hq, D]
+    device = kernel_device()
+    out = torch.empty(1, 2, HEAD_DIM, device=device)
+    got = launched(
+        combine_splits, parts.to(device), lse.to(device), out, impl.combine_splits_kernel
+    ).cpu()
+    for head, lses in enumerate(lse[0].tolist()):
+        error = (got[0, head] - expected[0, head]).abs().max().item()
+        if not error <= TOLERANCE[torch.float32]:
+            raise AssertionError(
+                f"combine, head {head}, split lse {lses}: max error {error:.3g}; expected "
+                f"{_head(expected[0, head])}, got {_head(got[0, head])}"
+                + (". NaN or inf: subtract the largest lse before exp2 (2^300 overflows)"
+                   if not got.isfinite().all() else "")
+            )  # fmt: skip
+
+
+def check_split_k_decode_with_your_combine(impl: ModuleType) -> None:
+    """Flash-decoding with your combine: contexts of 2 and 21 tokens in 3 splits of 8"""
+    case = DecodeCase.random([2, 21])
+    got = run_kernel(impl, case, num_splits=3, block_n=4, combine=True)
+    assert_close(case, got, "3 splits merged by your combine")
+
+
 CHECKS = [
+    check_gather_follows_the_block_table,
+    check_gather_tiles_span_blocks,
+    check_one_tile_softmax_attention,
+    check_one_tile_subtracts_the_max,
     check_a_context_of_one_token_returns_its_value,
     check_block_edges_and_shuffled_blocks,
     check_grouped_query_heads_share_their_kv_head,
@@ -166,4 +315,66 @@ CHECKS = [
     check_large_scores_do_not_overflow,
     check_split_k_respects_each_splits_range,
     check_bf16_inputs_are_upcast,
+    check_combine_weighs_each_split_by_its_lse,
+    check_split_k_decode_with_your_combine,
 ]
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "2.1": (
+        "A sequence's token t is not at row t of the pool: its block table says which "
+        "physical block holds logical block t // block_size, and the token sits at offset "
+        "t % block_size inside it. Tokens at or past context_len must not be read at all.",
+        "Three steps for the tile's BLOCK_N tokens: a validity mask (t < context_len); a "
+        "masked load of each token's physical block from the table; then one masked 2-D "
+        "load of [BLOCK_N, BLOCK_D] (rows: block * stride_cb + offset * stride_cs; columns: "
+        "kv_head * stride_ch + dims * stride_cd) and a masked 2-D store to row t of out.",
+        "valid compares tokens with context_len; blocks is a tl.load at block_table_ptr "
+        "plus each token's logical block, masked by valid (other=0); the row offset is the "
+        "block (cast to tl.int64) times stride_cb plus the offset inside it times stride_cs; "
+        "add rows[:, None] and the column offsets to cache_ptr for one 2-D tl.load, then "
+        "tl.store it at out_ptr + tokens[:, None] * stride_ot + dims[None, :], both masked by "
+        "valid[:, None] & (dims < head_dim)[None, :].",
+    ),
+    "2.2": (
+        "Attention for one query is softmax(scale * K q) V. The whole context fits one tile, "
+        "so gather K and V exactly as in 2.1 and take an ordinary softmax, with two guards: "
+        "slots past the context get score -inf (weight 0), and the max is subtracted before "
+        "exp so large scores do not overflow.",
+        "Gather K and V [BLOCK_N, BLOCK_D] with other=0.0 and convert them to fp32; scores "
+        "[BLOCK_N] = the sum over dims of q[None, :] * k, times scale; tl.where(valid, "
+        "scores, -inf); p = exp(scores - max); out [BLOCK_D] = sum over tokens of p[:, None] "
+        "* v, divided by the sum of p.",
+        "scores: tl.sum over axis 1 of the broadcast product of q and k, times scale; then "
+        "tl.where(valid, scores, -inf); p: tl.exp of the scores minus their tl.max over "
+        "axis 0; out: tl.sum over axis 0 of p[:, None] times v, divided by p's total.",
+    ),
+    "2.3": (
+        "The context no longer fits one tile: walk it BLOCK_N tokens at a time and keep an "
+        "online softmax per query head, the running max m, the running sum l of exp2(score "
+        "- m) and the running weighted sum of values acc. When a tile raises the max, what "
+        "was summed under the old max is rescaled by exp2(m_old - m_new).",
+        "Start m at -inf, l and acc at 0. For first in range(start, end, BLOCK_N): gather "
+        "the tile's K and V as in 2.1 (valid = tokens < end); scores [BLOCK_G, BLOCK_N] = "
+        "tl.dot(q, tl.trans(k)) with input_precision=PRECISION, -inf where not valid; "
+        "m_new = max(m, row max); alpha = exp2(m - m_new); p = exp2(scores - m_new[:, None]); "
+        "update l and acc with alpha, then m = m_new.",
+        "l: the old l times alpha, plus p's row sums (tl.sum over axis 1); acc: the old acc "
+        "times alpha[:, None], plus tl.dot of p with the fp32 v (input_precision=PRECISION). "
+        "q is already multiplied by scale * log2(e), so use tl.exp2, never tl.exp; convert "
+        "k and v to fp32 right after loading.",
+    ),
+    "2.4": (
+        "Each split wrote its own normalised output and lse = log2 of its softmax "
+        "denominator. The whole softmax's denominator is the sum of 2^lse_i, so the merged "
+        "output is the average of the parts weighted by 2^lse_i. An empty split has lse = "
+        "-inf and weight 0.",
+        "Load lse [BLOCK_SPLITS] masked by splits < num_splits with other=-inf; weights = "
+        "exp2(lse - the largest lse) (no overflow, and the empty splits give exp2(-inf) = "
+        "0); load the parts [BLOCK_SPLITS, BLOCK_D] masked (other=0.0); out = sum of "
+        "weights[:, None] * parts over the splits, divided by the sum of the weights.",
+        "weights: tl.exp2 of lse minus tl.max(lse, axis=0); the parts' addresses are part_ptr "
+        "+ seq * stride_ps + head * stride_ph + splits[:, None] * stride_psplit + "
+        "dims[None, :], loaded with the 2-D mask and other=0.0; out: tl.sum over axis 0 of "
+        "weights[:, None] * parts, over tl.sum of the weights.",
+    ),
+}

@@ -7,6 +7,8 @@ interactive backend: a notebook displays the returned figure, a script saves it.
   distributions and the sampler's filters (chapter 00).
 - `kv_utilization` + `kvcache`: tokens stored over KV slots reserved, paged against
   contiguous; block tables drawn (chapter 01).
+- `tile_walk`: which slots of the paged pool a Triton kernel read, load by load, recorded
+  in the interpreter, with a slider over the loads (chapter 02).
 - `kernel_timing`, `linear_timing` + `backends`: attention backends and a decode step's
   linears timed side by side (chapter 02).
 - `step_trace` + `timeline`: drive `LLMEngine.step()` and record every step; which request
