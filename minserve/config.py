@@ -6,7 +6,9 @@ value fails at construction with a message naming the option.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither num_blocks nor a budget is given
@@ -59,7 +61,9 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
-    scheduling_policy: str = "fcfs"
+    # a name, or a class (any callable) built from the KV cache manager that returns the
+    # policy's sort key: `LLM(scheduling_policy=LongestPrefixMatch)` (chapter 05)
+    scheduling_policy: str | Callable[[Any], Callable[[Any], tuple]] = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -68,6 +72,8 @@ class SchedulerConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}"
             )
+        if callable(self.scheduling_policy):
+            return
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"unknown scheduling_policy {self.scheduling_policy!r}; "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +47,16 @@ class LLM:
     bf16 on GPU), "float32", "bfloat16" or "float16". The other options are vLLM's (see
     docs/engine.md); engine="reference" runs the contiguous-KV reference path instead (the oracle).
     tensor_parallel_size=N splits the model over N processes (docs/distributed.md); call
-    `shutdown()` when done. speculative_config={"method": "ngram", "num_speculative_tokens": k}
-    turns on speculative decoding (docs/speculative.md). decode_kernels (with
-    attention_backend="triton") replaces the Triton decode kernels, as chapter 02 does with a
-    student's (docs/course.md). How it runs on this machine
-    (device, dtype, attention backend, C kernels) is logged once at info level and returned
-    by `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
+    `shutdown()` when done; tensor_parallel_layers names the module whose parallel layers
+    every rank builds its shard with (chapter 07: "exercises.ch07_parallel_linear").
+    speculative_config={"method": "ngram", "num_speculative_tokens": k}
+    turns on speculative decoding (docs/speculative.md). scheduling_policy is a name
+    ("fcfs", "priority", "lpm") or a class built from the KV cache manager whose instances
+    are sort keys (chapter 05: `LLM(scheduling_policy=LongestPrefixMatch)`). decode_kernels
+    (with attention_backend="triton") replaces the Triton decode kernels, as chapter 02 does
+    with a student's (docs/course.md). How it runs on this machine (device, dtype, attention
+    backend, C kernels) is logged once at info level and returned by
+    `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
     """
 
     def __init__(
@@ -71,7 +75,7 @@ class LLM:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         enable_chunked_prefill: bool = True,
-        scheduling_policy: str = "fcfs",
+        scheduling_policy: str | Callable[..., Any] = "fcfs",
         attention_backend: str = "auto",
         sampler: Sampler | None = None,
         block_allocator_cls: type = BlockAllocator,
@@ -80,6 +84,7 @@ class LLM:
         sample_output_cls: type = SampleOutput,
         engine: str = "paged",
         tensor_parallel_size: int = 1,
+        tensor_parallel_layers: str | None = None,
         speculative_config: dict[str, Any] | None = None,
         decode_kernels: DecodeKernels | None = None,
     ) -> None:
@@ -88,6 +93,8 @@ class LLM:
         speculative = _speculative(speculative_config, engine, tensor_parallel_size)
         if decode_kernels is not None and (engine != "paged" or tensor_parallel_size != 1):
             raise ValueError("decode_kernels runs on the paged engine with one process only")
+        if tensor_parallel_layers is not None and tensor_parallel_size == 1:
+            raise ValueError("tensor_parallel_layers applies with tensor_parallel_size > 1")
         cache = CacheConfig(
             block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching,
             kv_offloading_size, gpu_memory_utilization,
@@ -101,6 +108,7 @@ class LLM:
             self.tensor_parallel = start_tensor_parallel(
                 model, tensor_parallel_size, engine, cache,
                 dtype=dtype, device=device, attention_backend=attention_backend,
+                parallel_layers=tensor_parallel_layers,
             )  # fmt: skip
             tp_parts = self.tensor_parallel.engine_parts(cache)
             self.loaded: LoadedModel = self.tensor_parallel.loaded

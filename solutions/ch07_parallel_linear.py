@@ -1,11 +1,16 @@
-# Generated from minserve/distributed/layers.py by `python -m minserve.course.generate`;
+# Generated from minserve/distributed/layers.py, minserve/distributed/shard_model.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers.
+"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers, and
+where the attention block's all-reduce goes.
 
 Megatron-LM splits a linear layer over N ranks by its output features (column-
 parallel: no communication) or by its input features (row-parallel: one
 all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather).
+Plug this module into the engine with `LLM(tensor_parallel_size=3,
+tensor_parallel_layers="exercises.ch07_parallel_linear")`.
 """
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: F401  (your code will want it)
@@ -13,6 +18,8 @@ from torch import nn
 
 from minserve.distributed.comm import Communicator
 from minserve.distributed.layers import even_split, meta_parameter
+from minserve.distributed.layout import TPLayout
+from minserve.model.llama import SelfAttention
 
 
 # Exercise 7.1: column-parallel linear
@@ -98,3 +105,30 @@ class RowParallelLinear(nn.Module):
         partial = F.linear(x, self.weight)  # [T, out]: this rank's share of the sum
         y = self.comm.all_reduce(partial)
         return y if self.bias is None else y + self.bias
+
+
+# Exercise 7.3: the all-reduce of the attention block
+def parallelize_attention(
+    attn: SelfAttention, layout: TPLayout, comm: Communicator, dtype: torch.dtype, linear: Any
+) -> None:
+    """Query heads and their KV heads stay on this rank; o_proj sums the heads' outputs.
+
+    Replace `attn`'s q_proj, k_proj, v_proj and o_proj (built on the meta device) with
+    `linear.ColumnParallelLinear` / `linear.RowParallelLinear` so that one forward of the
+    block makes exactly one all-reduce and no all-gather: the rank attends its own heads
+    (q rows `layout.q_features()`, k and v rows `layout.kv_features()`) with no
+    communication, and o_proj, whose input features are those heads' outputs, turns the
+    rank's partial sum into the block's output. Sizes and biases come from
+    `layout.config` (q_size, kv_size, hidden_size, qkv_bias, o_bias); pass `dtype` on.
+    """
+    cfg = layout.config
+    hidden, q_rows, kv_rows = cfg.hidden_size, layout.q_features(), layout.kv_features()
+    for name, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
+        full = cfg.q_size if name == "q_proj" else cfg.kv_size
+        column = linear.ColumnParallelLinear(
+            hidden, full, comm, cfg.qkv_bias, rows=rows, dtype=dtype
+        )
+        setattr(attn, name, column)
+    attn.o_proj = linear.RowParallelLinear(
+        cfg.q_size, hidden, comm, cfg.o_bias, cols=q_rows, dtype=dtype
+    )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 from test_engine import token_ids
 
 from minserve import LLM, SamplingParams
+from minserve.config import SchedulerConfig
 from minserve.kvcache import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import RadixCache
@@ -99,3 +101,11 @@ def test_lpm_beats_fcfs_hit_rate_when_the_pool_holds_few_prefixes(tiny_model) ->
     ideal = 12 * 16 / (16 * 18)  # every request but each prefix's first hits its 16 tokens
     assert rates["fcfs"] == 0.0
     assert rates["lpm"] == pytest.approx(ideal)
+
+
+def test_scheduling_policy_may_be_a_class_built_from_the_kv_manager() -> None:
+    kv = _kv()
+    policy = get_policy(partial(LongestPrefixMatch, max_wait_s=5.0), kv)
+    assert isinstance(policy, LongestPrefixMatch) and policy.max_wait_s == 5.0
+    config = SchedulerConfig(scheduling_policy=LongestPrefixMatch)
+    assert config.scheduling_policy is LongestPrefixMatch

@@ -18,6 +18,7 @@ from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.ngram import NgramProposer
+from minserve.speculative.proposers import make_proposer
 from minserve.speculative.verify import accepted_length
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
@@ -188,6 +189,11 @@ def test_aborts_leave_every_block_free(model, workload, method) -> None:
         ({**NGRAM, "num_draft_layers": 1}, "applies to method 'early_exit'"),
         ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model'"),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, "lookup_min"),
+        ({**NGRAM, "proposer_cls": 3}, "proposer_cls must be a class"),
+        (
+            {"method": "early_exit", "num_speculative_tokens": 2, "proposer_cls": NgramProposer},
+            "proposer_cls applies to method 'ngram'",
+        ),
     ],
 )
 def test_bad_speculative_config_is_rejected(options, message) -> None:
@@ -225,3 +231,13 @@ def test_early_exit_needs_fewer_layers_than_the_target(model) -> None:
 def test_reference_engine_rejects_speculation(model) -> None:
     with pytest.raises(ValueError, match="engine='paged'"):
         LLM(model, engine="reference", speculative_config=NGRAM)
+
+
+def test_the_ngram_proposer_class_comes_from_the_config() -> None:
+    class Echo(NgramProposer):
+        def lookup(self, token_ids: list[int], k: int) -> list[int]:
+            return token_ids[-1:] * k
+
+    config = SpeculativeConfig("ngram", 2, proposer_cls=Echo)
+    proposer = make_proposer(config, runner=None)  # type: ignore[arg-type]
+    assert isinstance(proposer, Echo) and proposer.lookup([4, 5], 2) == [5, 5]

@@ -98,3 +98,5 @@ def test_options_tensor_parallel_cannot_honour_are_refused(tiny_model) -> None:
     path = tiny_model("llama")
     with pytest.raises(ValueError, match="not engine='reference'"):
         LLM(path, engine="reference", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_layers applies with"):
+        LLM(path, tensor_parallel_layers="minserve.distributed.layers")

@@ -138,17 +138,24 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="sharing_prefixes",
         title="Sharing prefixes",
         module="ch05_radix_cache",
-        sources=("kvcache/radix_cache.py",),
+        sources=("kvcache/radix_cache.py", "scheduler/cache_aware.py"),
         header=(
-            '"""Chapter 05, Sharing prefixes: the radix tree of the prefix cache.\n\n'
+            '"""Chapter 05, Sharing prefixes: the radix tree of the prefix cache, and the\n'
+            "scheduling policy that serves cache hits first.\n\n"
             "A radix tree over token ids at block granularity (SGLang's RadixAttention): you\n"
             "write `match_prefix`, `insert` and `evict`. Plug your class into the engine with\n"
-            "`LLM(enable_prefix_caching=True, prefix_cache_cls=RadixCache)`.\n"
+            "`LLM(enable_prefix_caching=True, prefix_cache_cls=RadixCache)`. Then\n"
+            "`LongestPrefixMatch`, SGLang's longest-prefix-match policy: plug it in with\n"
+            "`LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`.\n"
             '"""\n\n'
             "import heapq\n"
-            "import itertools\n\n"
+            "import itertools\n"
+            "import time\n\n"
             "from minserve.kvcache.block_allocator import BlockAllocator\n"
+            "from minserve.kvcache.manager import KVCacheManager\n"
             "from minserve.kvcache.radix_cache import PrefixMatch, RadixNode\n"
+            "from minserve.scheduler.cache_aware import DEFAULT_MAX_WAIT_S\n"
+            "from minserve.scheduler.sequence import SeqStatus, Sequence\n"
         ),
         checks="minserve.course.checks_ch05",
     ),
@@ -157,14 +164,21 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="speculative_decoding",
         title="Sampling and speculative decoding",
         module="ch06_rejection_sampling",
-        sources=("speculative/verify.py",),
+        sources=("speculative/verify.py", "speculative/ngram.py"),
         header=(
-            '"""Chapter 06, Sampling and speculative decoding: verifying a draft distribution.\n\n'
+            '"""Chapter 06, Sampling and speculative decoding: verifying a draft distribution,\n'
+            "and proposing drafts by prompt lookup.\n\n"
             "A draft q proposes tokens; the target p keeps each with probability min(1, p/q)\n"
             "and, at the first rejection, draws from the residual max(0, p - q) normalised, so\n"
             "every token returned is distributed exactly as p (Leviathan et al., Chen et al.).\n"
+            "The n-gram proposer guesses the tokens that followed the latest earlier match of\n"
+            'the last n tokens; plug it in with `LLM(speculative_config={"method": "ngram",\n'
+            '"num_speculative_tokens": 4, "proposer_cls": NgramProposer})`.\n'
             '"""\n\n'
-            "import torch\n"
+            "import torch\n\n"
+            "from minserve.messages import ScheduledChunk\n"
+            "from minserve.speculative.config import SpeculativeConfig\n"
+            "from minserve.speculative.draft import Draft\n"
         ),
         checks="minserve.course.checks_ch06",
     ),
@@ -173,18 +187,24 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="tensor_parallelism",
         title="Tensor parallelism",
         module="ch07_parallel_linear",
-        sources=("distributed/layers.py",),
+        sources=("distributed/layers.py", "distributed/shard_model.py"),
         header=(
-            '"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers.\n\n'
+            '"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers, and\n'
+            "where the attention block's all-reduce goes.\n\n"
             "Megatron-LM splits a linear layer over N ranks by its output features (column-\n"
             "parallel: no communication) or by its input features (row-parallel: one\n"
             "all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather).\n"
+            "Plug this module into the engine with `LLM(tensor_parallel_size=3,\n"
+            'tensor_parallel_layers="exercises.ch07_parallel_linear")`.\n'
             '"""\n\n'
+            "from typing import Any\n\n"
             "import torch\n"
             "import torch.nn.functional as F  # noqa: F401  (your code will want it)\n"
             "from torch import nn\n\n"
             "from minserve.distributed.comm import Communicator\n"
             "from minserve.distributed.layers import even_split, meta_parameter\n"
+            "from minserve.distributed.layout import TPLayout\n"
+            "from minserve.model.llama import SelfAttention\n"
         ),
         checks="minserve.course.checks_ch07",
     ),

@@ -1,5 +1,6 @@
 """Checks for chapter 05 (sharing prefixes), run against any module that defines
-`RadixCache`: minserve's own, the solutions, or a student's exercise file.
+`RadixCache` and `LongestPrefixMatch`: minserve's own, the solutions, or a student's
+exercise file.
 
 Every check uses blocks of 2 tokens and minserve's real `BlockAllocator`, so the tree's
 references show in the allocator's counts. Tokens are small ints; a "request" allocates
@@ -9,10 +10,20 @@ engine does when a request finishes. Trees are shown as nested (edge tokens, chi
 
 from __future__ import annotations
 
+import time
 from types import ModuleType
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from minserve.kvcache import BlockAllocator
+from minserve.kvcache.manager import KVCacheManager
+from minserve.kvcache.radix_cache import RadixCache
+from minserve.request import Request
+from minserve.sampling_params import SamplingParams
+from minserve.scheduler.cache_aware import LongestPrefixMatch
+from minserve.scheduler.sequence import SeqStatus, Sequence
 
 BS = 2
 
@@ -139,6 +150,203 @@ def check_evict_never_touches_a_locked_path(impl: ModuleType) -> None:
     assert free == 32, f"every block back in the pool: expected 32 free, got {free}"
 
 
+# Random operations on two trees in lockstep: the implementation's and minserve's own.
+_SETTINGS = settings(
+    max_examples=100, deadline=None, database=None, derandomize=True, report_multiple_bugs=False
+)
+_prompts = st.lists(st.integers(1, 2), min_size=2, max_size=8)
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), _prompts),
+        st.tuples(st.just("match"), _prompts),
+        st.tuples(st.just("lock"), _prompts),
+        st.tuples(st.just("unlock"), st.just([])),
+        st.tuples(st.just("evict"), st.integers(1, 8)),
+    ),
+    max_size=8,
+)
+
+
+def _state(cache: Any) -> tuple:
+    """Everything a step may change: the tree, its counters, every block's count."""
+    counts = [cache.allocator.refcount(b) for b in range(cache.allocator.num_blocks)]
+    return edges(cache.root), cache.num_cached_blocks, cache.num_evictable_blocks, counts
+
+
+def _apply(cache: Any, op: tuple, locked: list) -> object:
+    """One operation; what it returns (blocks matched or kept, blocks evicted)."""
+    name, arg = op
+    if name == "insert":
+        return _finished_request(cache, arg[: len(arg) // BS * BS])
+    if name == "match":
+        return cache.match_prefix(arg).blocks
+    if name == "lock":
+        match = cache.match_prefix(arg)
+        cache.lock(match.node)
+        locked.append(match.node)
+        return match.blocks
+    if name == "unlock":
+        if locked:
+            cache.unlock(locked.pop())
+        return None
+    return cache.evict(arg)
+
+
+def check_random_operations_agree_with_minserves_tree(impl: ModuleType) -> None:
+    """Random insert / match / lock / unlock / evict runs: same results, tree and refcounts."""
+
+    @_SETTINGS
+    @given(_ops)
+    def run(ops: list[tuple]) -> None:
+        yours, ours = _cache(impl, 64), RadixCache(BS, BlockAllocator(64))
+        yours_locked: list = []
+        ours_locked: list = []
+        for step, op in enumerate(ops):
+            got, expected = _apply(yours, op, yours_locked), _apply(ours, op, ours_locked)
+            what = f"operations {ops[: step + 1]} (blocks of {BS} tokens, a pool of 64)"
+            assert got == expected, f"{what}: the last one should return {expected}, got {got}"
+            got_state, expected_state = _state(yours), _state(ours)
+            for label, g, e in zip(
+                ("tree", "num_cached_blocks", "num_evictable_blocks", "refcounts by block"),
+                got_state,
+                expected_state,
+            ):
+                assert g == e, f"{what}: expected {label} {e}, got {g}"
+
+    run()
+
+
+# Exercise 5.2: the longest-prefix-match policy, on hand-made queues.
+def _kv(cached_prompts: list[list[int]]) -> KVCacheManager:
+    """A KV manager whose prefix cache holds the whole blocks of `cached_prompts`."""
+    allocator = BlockAllocator(64)
+    kv = KVCacheManager(allocator, BS, prefix_cache=RadixCache(BS, allocator))
+    for prompt in cached_prompts:
+        table = kv.new_table()
+        kv.append(table, len(prompt))
+        kv.cache_computed(table, prompt, len(prompt))
+        kv.free(table)
+    return kv
+
+
+def _seq(kv: KVCacheManager, name: str, prompt: list[int], arrival: float, order: int) -> Sequence:
+    request = Request.create(name, prompt, SamplingParams(), arrival_time=arrival)
+    return Sequence(request, request.samples[0], kv.new_table(), order=order)
+
+
+def _names(seqs: list[Sequence]) -> list[str]:
+    return [s.request.request_id for s in seqs]
+
+
+def _assert_order(impl: ModuleType, kv: KVCacheManager, seqs: list, max_wait_s: float, what: str):
+    got = _names(sorted(seqs, key=impl.LongestPrefixMatch(kv, max_wait_s=max_wait_s)))
+    expected = _names(sorted(seqs, key=LongestPrefixMatch(kv, max_wait_s=max_wait_s)))
+    assert got == expected, f"{what}: expected the order {expected}, got {got}"
+
+
+def check_lpm_serves_the_longest_cached_prefix_first(impl: ModuleType) -> None:
+    """[1..6] cached: hot (6 cached), hot2 (6, later), warm (2), cold (0), arrival aside."""
+    kv = _kv([[1, 2, 3, 4, 5, 6]])
+    now = time.monotonic()
+    seqs = [
+        _seq(kv, "cold", [9, 9, 9], now, 0),
+        _seq(kv, "warm", [1, 2, 7, 7], now + 1, 1),
+        _seq(kv, "hot", [1, 2, 3, 4, 5, 6, 8], now + 2, 2),
+        _seq(kv, "hot2", [1, 2, 3, 4, 5, 6, 9], now + 3, 3),
+    ]
+    policy = impl.LongestPrefixMatch(kv, max_wait_s=3600)
+    got = [policy.cached_tokens(s) for s in seqs]
+    assert got == [0, 2, 6, 6], (
+        f"cached_tokens of cold, warm, hot, hot2: expected [0, 2, 6, 6], got {got}"
+    )
+    _assert_order(impl, kv, seqs, 3600, "four waiting requests, [1..6] cached")
+
+
+def check_lpm_breaks_ties_first_come_first_served(impl: ModuleType) -> None:
+    """Equal cached prefixes: earlier arrival first; equal arrivals: lower order first."""
+    kv = _kv([[1, 2, 3, 4]])
+    now = time.monotonic()
+    seqs = [
+        _seq(kv, "c", [1, 2, 3, 4, 9], now + 2, 2),
+        _seq(kv, "b", [1, 2, 3, 4, 8], now + 1, 5),
+        _seq(kv, "a", [1, 2, 3, 4, 7], now + 1, 4),
+    ]
+    _assert_order(impl, kv, seqs, 3600, "three requests with 4 cached tokens each")
+
+
+def check_a_starved_request_goes_first(impl: ModuleType) -> None:
+    """'old' waited 30 s and shares nothing: first under max_wait_s=10, last under 60."""
+    kv = _kv([[1, 2, 3, 4]])
+    now = time.monotonic()
+    seqs = [_seq(kv, "hot", [1, 2, 3, 4, 5], now, 1), _seq(kv, "old", [9, 9, 9], now - 30, 0)]
+    for max_wait_s, expected in ((10, ["old", "hot"]), (60, ["hot", "old"])):
+        got = _names(sorted(seqs, key=impl.LongestPrefixMatch(kv, max_wait_s=max_wait_s)))
+        assert got == expected, (
+            f"'old' waited 30 s, 'hot' has 4 cached tokens, max_wait_s={max_wait_s}: "
+            f"expected {expected}, got {got}"
+        )
+
+
+def check_running_sequences_rank_fcfs_ahead_of_waiting_ones(impl: ModuleType) -> None:
+    """Running and swapped sequences are ranked by arrival alone, ahead of waiting ones."""
+    kv = _kv([[1, 2, 3, 4]])
+    now = time.monotonic()
+    seqs = [
+        _seq(kv, "waiting hot", [1, 2, 3, 4, 5], now, 0),
+        _seq(kv, "running cold", [9, 9, 9], now + 2, 2),
+        _seq(kv, "swapped", [9, 8, 7], now + 3, 3),
+        _seq(kv, "running hot", [1, 2, 3, 4, 6], now + 1, 1),
+    ]
+    seqs[1].status = seqs[3].status = SeqStatus.RUNNING
+    seqs[2].status = SeqStatus.SWAPPED
+    kv.append(seqs[1].block_table, 3)
+    seqs[1].num_computed_tokens = 3
+    policy = impl.LongestPrefixMatch(kv, max_wait_s=3600)
+    got = _names(sorted(seqs, key=policy))
+    expected = ["running hot", "running cold", "swapped", "waiting hot"]
+    assert got == expected, f"two running, one swapped, one waiting: expected {expected}, got {got}"
+
+
+def check_a_sequence_holding_blocks_counts_its_computed_tokens(impl: ModuleType) -> None:
+    """A preempted sequence back in the queue with 4 tokens computed: cached_tokens is 4."""
+    kv = _kv([])
+    seq = _seq(kv, "back", [5, 6, 7, 8, 9], time.monotonic(), 0)
+    kv.append(seq.block_table, 4)
+    seq.num_computed_tokens = 4
+    got = impl.LongestPrefixMatch(kv, max_wait_s=3600).cached_tokens(seq)
+    assert got == 4, f"a waiting sequence holding 2 blocks, 4 computed: expected 4, got {got}"
+
+
+_queue = st.lists(
+    st.tuples(
+        st.lists(st.integers(1, 2), min_size=1, max_size=7),  # prompt
+        st.integers(0, 40),  # seconds waited so far
+        st.sampled_from([SeqStatus.WAITING, SeqStatus.WAITING, SeqStatus.RUNNING]),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def check_random_queues_are_ordered_as_minserve_orders_them(impl: ModuleType) -> None:
+    """Random queues over a cache of [1, 1, 2, 2] and [2, 1]: the order minserve's policy gives."""
+
+    @_SETTINGS
+    @given(_queue)
+    def run(queue: list[tuple]) -> None:
+        kv = _kv([[1, 1, 2, 2], [2, 1]])
+        now = time.monotonic()
+        seqs = []
+        for i, (prompt, waited, status) in enumerate(queue):
+            seq = _seq(kv, f"r{i}", prompt, now - waited, i)
+            seq.status = status
+            seqs.append(seq)
+        shown = [(f"r{i}", p, f"waited {w} s", s.value) for i, (p, w, s) in enumerate(queue)]
+        _assert_order(impl, kv, seqs, 20, f"queue {shown}, max_wait_s=20")
+
+    run()
+
+
 CHECKS = [
     check_match_returns_the_inserted_blocks,
     check_match_counts_whole_blocks_only,
@@ -148,4 +356,41 @@ CHECKS = [
     check_evict_takes_the_least_recently_used_leaf,
     check_evict_frees_from_the_tail_of_a_leaf,
     check_evict_never_touches_a_locked_path,
+    check_random_operations_agree_with_minserves_tree,
+    check_lpm_serves_the_longest_cached_prefix_first,
+    check_lpm_breaks_ties_first_come_first_served,
+    check_a_starved_request_goes_first,
+    check_running_sequences_rank_fcfs_ahead_of_waiting_ones,
+    check_a_sequence_holding_blocks_counts_its_computed_tokens,
+    check_random_queues_are_ordered_as_minserve_orders_them,
 ]
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "5.1": (
+        "The tree stores whole blocks only: an edge's tokens are a multiple of block_size, "
+        "and a node's blocks hold the KV of its edge. The tree owns one allocator reference "
+        "per cached block; eviction gives that reference back.",
+        "match_prefix: from the root, pick the child by the next block's tokens, count the "
+        "whole blocks that agree, split the edge if the prompt leaves it midway, touch the "
+        "node. insert: match first, then hang the rest as one leaf and share its blocks. "
+        "evict: a heap of unlocked leaves by last_access; pop, free from the tail, remove "
+        "empty leaves, push a parent that became an unlocked leaf.",
+        "In match_prefix: `child = node.children.get(self._child_key(token_ids, pos))`, "
+        "`shared = self._shared_blocks(child.key, token_ids, pos)`, then "
+        "`node = self._split(child, shared) if shared < len(child.blocks) else child`. "
+        "In evict: `heap = [(leaf.last_access, id(leaf), leaf) for leaf in "
+        "self._evictable_leaves()]`, and free `leaf.blocks[-take:]` before trimming leaf.key.",
+    ),
+    "5.2": (
+        "A policy is a sort key: lower tuples run first. Longest prefix match ranks waiting "
+        "requests by how many of their tokens the cache already holds, and a guard lets any "
+        "request that waited longer than max_wait_s jump ahead of everyone.",
+        "Three small methods. _starved compares time.monotonic() - arrival_time with "
+        "max_wait_s. cached_tokens: a sequence that already holds blocks counts its computed "
+        "tokens; otherwise ask the KV manager. __call__: group 0 for sequences not WAITING "
+        "and starved ones, group 1 for the rest; then minus the cached tokens; then FCFS.",
+        "`fcfs = (seq.arrival_time, seq.order)`; a group-0 key looks like `(0, 0, *fcfs)`, a "
+        "group-1 key like `(1, -cached, *fcfs)`; `cached_tokens` reads "
+        "`self.kv.cached_tokens(seq.token_ids)` when `seq.block_table.blocks` is empty.",
+    ),
+}

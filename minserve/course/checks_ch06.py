@@ -1,6 +1,6 @@
 """Checks for chapter 06 (speculative decoding), run against any module that defines
-`residual_distribution` and `rejection_sample`: minserve's own, the solutions, or a
-student's exercise file.
+`residual_distribution`, `rejection_sample`, `latest_earlier_match` and `NgramProposer`:
+minserve's own, the solutions, or a student's exercise file.
 
 Edge cases are chosen so that the answer is forced (a residual with one token left, a draft
 the target never picks); the distribution checks draw thousands of verifications with a
@@ -12,6 +12,11 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minserve.speculative.config import SpeculativeConfig
+from minserve.speculative.ngram import NgramProposer, latest_earlier_match
 
 NUM_SAMPLES = 6000
 TV_BOUND = 0.03  # TV of 6000 draws over 4 tokens is about 0.01; a wrong rule is off by >0.1
@@ -155,6 +160,75 @@ def check_each_position_is_verified_against_its_own_row(impl: ModuleType) -> Non
     )
 
 
+# Exercises 6.3 and 6.4: prompt lookup, on hand-made and random histories.
+def check_the_latest_earlier_match_wins(impl: ModuleType) -> None:
+    """[1, 2, 1, 2, 1, 2]: [1, 2] last occurred earlier at 2 (0 is older; 4 is the pattern)."""
+    cases = [
+        ([1, 2, 1, 2, 1, 2], 2, 2),
+        ([1, 2, 1, 2, 1, 2], 1, 3),
+        ([5, 6, 7, 5, 6], 2, 0),
+        ([5, 6, 7, 5, 6], 3, None),
+        ([1, 1, 1], 2, 0),  # overlaps the pattern, still followed by a token
+        ([4, 3, 2, 1], 1, None),
+    ]
+    for history, n, expected in cases:
+        got = impl.latest_earlier_match(history, n)
+        assert got == expected, (
+            f"latest_earlier_match({history}, n={n}): expected {expected}, got {got}"
+        )
+
+
+def _proposer(impl: ModuleType, max_n: int, min_n: int = 1):
+    config = SpeculativeConfig("ngram", 4, prompt_lookup_max=max_n, prompt_lookup_min=min_n)
+    return impl.NgramProposer(config)
+
+
+def check_lookup_prefers_the_longest_matching_context(impl: ModuleType) -> None:
+    """[1, 2, 9, 1, 2, 7, 8, 1, 2], max_n=2: the 2-gram [1, 2] at 3 gives [7, 8, 1]."""
+    cases = [
+        (2, 1, [1, 2, 9, 1, 2, 7, 8, 1, 2], 3, [7, 8, 1]),
+        (3, 1, [1, 2, 3, 9, 2, 3, 5, 1, 2, 3], 2, [9, 2]),  # the 3-gram beats the later 2-gram
+        (2, 1, [5, 6, 7, 5], 2, [6, 7]),  # no 2-gram match: n = 1
+        (2, 2, [5, 6, 7, 5], 2, []),  # min_n = 2: no match at all
+        (4, 1, [1, 2, 3], 4, []),
+        (2, 1, [3, 4, 5, 3], 9, [4, 5, 3]),  # fewer than k tokens follow
+    ]
+    for max_n, min_n, history, k, expected in cases:
+        got = _proposer(impl, max_n, min_n).lookup(history, k)
+        assert got == expected, (
+            f"lookup({history}, k={k}) with prompt_lookup_max={max_n}, prompt_lookup_min="
+            f"{min_n}: expected {expected}, got {got}"
+        )
+
+
+_SETTINGS = settings(
+    max_examples=150, deadline=None, database=None, derandomize=True, report_multiple_bugs=False
+)
+_histories = st.lists(st.integers(0, 3), min_size=1, max_size=14)
+
+
+def check_random_histories_match_minserves_lookup(impl: ModuleType) -> None:
+    """Random histories over 4 tokens, random k and n range: the same drafts as minserve's."""
+
+    @_SETTINGS
+    @given(_histories, st.integers(1, 5), st.integers(1, 4), st.integers(0, 3))
+    def run(history: list[int], k: int, max_n: int, extra: int) -> None:
+        min_n = max(1, max_n - extra)
+        for n in range(1, len(history)):
+            got, expected = impl.latest_earlier_match(history, n), latest_earlier_match(history, n)
+            assert got == expected, (
+                f"latest_earlier_match({history}, n={n}): expected {expected}, got {got}"
+            )
+        ours = NgramProposer(SpeculativeConfig("ngram", k, max_n, min_n))
+        got, expected = _proposer(impl, max_n, min_n).lookup(history, k), ours.lookup(history, k)
+        assert got == expected, (
+            f"lookup({history}, k={k}) with prompt_lookup_max={max_n}, prompt_lookup_min="
+            f"{min_n}: expected {expected}, got {got}"
+        )
+
+    run()
+
+
 CHECKS = [
     check_the_residual_keeps_only_what_the_target_wants_more_of,
     check_the_residual_of_a_one_hot_draft_is_the_target_without_it,
@@ -165,4 +239,47 @@ CHECKS = [
     check_the_first_token_is_distributed_as_the_target,
     check_a_one_hot_draft_also_leaves_the_target_unchanged,
     check_each_position_is_verified_against_its_own_row,
+    check_the_latest_earlier_match_wins,
+    check_lookup_prefers_the_longest_matching_context,
+    check_random_histories_match_minserves_lookup,
 ]
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "6.1": (
+        "After a rejection, the output must make up for what the draft under-proposed: the "
+        "tokens where the target p has more mass than the draft q.",
+        "Take the positive part of p - q and divide by its sum. When p == q the sum is 0: "
+        "there is nothing to make up, so return p itself rather than dividing 0 by 0.",
+        "`excess = (p - q).clamp(min=0)`, `total = excess.sum(-1, keepdim=True)`, then "
+        "`torch.where(total > 0, excess / total.clamp(min=tiny), p)`.",
+    ),
+    "6.2": (
+        "Keep draft d with probability min(1, p(d) / q(d)); at the first rejection, draw "
+        "the replacement from the residual and stop; if every draft is kept, the target's "
+        "last row gives one bonus token.",
+        "Loop over positions i: draw u uniform with the generator, keep d while "
+        "u * q_i(d) < p_i(d), else append a draw from residual_distribution(p_i, q_i) and "
+        "return. After the loop, append a draw from target_probs[k].",
+        "`u = torch.rand((), generator=generator)`; `if u * draft_probs[i, d] < "
+        "target_probs[i, d]: tokens.append(d)`; otherwise `torch.multinomial(residual, 1, "
+        "generator=generator)` gives the replacement.",
+    ),
+    "6.3": (
+        "Prompt lookup guesses that what followed an earlier occurrence of the context "
+        "follows it again. Search for the last n tokens earlier in the history, newest first.",
+        "Walk candidate end positions from the second-to-last token down to n - 1; the first "
+        "window of n tokens equal to the pattern wins. Its start is end - n + 1. The pattern "
+        "itself (ending at the last token) is not a match: nothing follows it.",
+        "`pattern = token_ids[-n:]`; `for end in range(len(token_ids) - 2, n - 2, -1):` and "
+        "compare `token_ids[end - n + 1 : end + 1]` with the pattern (checking the last "
+        "token first is a cheap filter).",
+    ),
+    "6.4": (
+        "A longer matching context predicts better, so try the longest n first and fall "
+        "back to shorter ones; propose at most k of the tokens that followed the match.",
+        "For n from min(max_n, len - 1) down to min_n: find the latest earlier match; on "
+        "the first hit, return the slice after it, at most k long. No hit at any n: [].",
+        "`start = latest_earlier_match(token_ids, n)`; when it is not None, the draft is "
+        "`token_ids[start + n : ...]`, cut to k tokens.",
+    ),
+}

@@ -1,6 +1,6 @@
 """Checks for chapter 07 (tensor parallelism), run against any module that defines
-`ColumnParallelLinear` and `RowParallelLinear`: minserve's own, the solutions, or a
-student's exercise file.
+`ColumnParallelLinear`, `RowParallelLinear` and `parallelize_attention`: minserve's own,
+the solutions, or a student's exercise file.
 
 The ranks run as threads of this process (`minserve.distributed.threads`), so a check
 takes milliseconds. Weights are small integers, so every expected value can be worked out
@@ -9,12 +9,18 @@ on paper: W = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]] maps 3 inputs to 4
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from minserve.distributed import layers
+from minserve.distributed.layers import load_shard
+from minserve.distributed.layout import TPLayout
 from minserve.distributed.threads import run_on_threads
+from minserve.model.llama import RotaryEmbedding, SelfAttention
+from minserve.model_config import ModelConfig
 
 W = torch.arange(1.0, 13.0).view(4, 3)  # [out 4, in 3]
 B = torch.tensor([100.0, 200.0, 300.0, 400.0])  # [out 4]
@@ -124,6 +130,126 @@ def check_one_rank_is_the_dense_layer(impl: ModuleType) -> None:
     _same(row, X_ROW @ W_ROW.T + B_ROW, "row-parallel on 1 rank")
 
 
+# Exercise 7.3: the attention block over 2 (and 4) thread-ranks against the single-rank block.
+ATTN = ModelConfig(
+    architecture="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=1,
+    num_heads=4, num_kv_heads=2, head_dim=4, rms_norm_eps=1e-6, rope_theta=10000.0,
+    max_position_embeddings=64, tie_word_embeddings=True,
+)  # fmt: skip
+NUM_TOKENS = 5
+
+
+class CountingComm:
+    """A rank's communicator that counts the collectives the block makes."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm, self.rank, self.world_size = comm, comm.rank, comm.world_size
+        self.all_reduces = self.all_gathers = 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self.all_reduces += 1
+        return self.comm.all_reduce(x)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        self.all_gathers += 1
+        return self.comm.all_gather(x)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor | None:
+        return self.comm.gather(x)
+
+
+def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Plain causal grouped-query attention: q [T, Hq, D], k and v [T, Hkv, D] -> [T, Hq, D]."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.einsum("thd,shd->hts", q, k) / q.shape[-1] ** 0.5  # [Hq, T, T]
+    mask = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).triu(1)
+    weights = scores.masked_fill(mask, float("-inf")).softmax(-1)
+    return torch.einsum("hts,shd->thd", weights, v)
+
+
+def _dense_block(bias: bool) -> tuple[SelfAttention, torch.Tensor]:
+    """A single-rank attention block with seeded random weights, and its input [T, hidden]."""
+    torch.manual_seed(0)
+    attn = SelfAttention(replace(ATTN, qkv_bias=bias, o_bias=bias)).eval()
+    for param in attn.parameters():
+        param.data.normal_(0, 0.5)
+    return attn, torch.randn(NUM_TOKENS, ATTN.hidden_size)
+
+
+def _run_block(attn: Any, x: torch.Tensor) -> torch.Tensor:
+    rotation = RotaryEmbedding(attn.config)(torch.arange(x.shape[0]), x.dtype)
+    with torch.inference_mode():
+        return attn(x, rotation, causal_attention, 0)  # [T, hidden]
+
+
+def _rank_block(comm: Any, impl: ModuleType, dense: SelfAttention, x: torch.Tensor) -> dict:
+    """This rank's block: the implementation places the layers, minserve loads the shards."""
+    counting = CountingComm(comm)
+    layout = TPLayout(dense.config, comm.rank, comm.world_size)
+    with torch.device("meta"):
+        attn = SelfAttention(layout.local_config())
+    impl.parallelize_attention(attn, layout, counting, torch.float32, layers)
+    kinds = {n: type(getattr(attn, n)).__name__ for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        full = getattr(dense, name)
+        bias = None if full.bias is None else full.bias.data
+        load_shard(getattr(attn, name), full.weight.data, bias)
+    out = _run_block(attn, x)
+    return {"out": out, "kinds": kinds, "counts": (counting.all_reduces, counting.all_gathers)}
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Equal up to float rounding (the all-reduce adds the heads in another order)."""
+    shapes = tuple(want.shape), tuple(got.shape)
+    assert shapes[0] == shapes[1], f"{what}: expected shape {shapes[0]}, got {shapes[1]}"
+    err = float((got - want).abs().max())
+    assert err < 1e-4, (
+        f"{what}: expected the single-rank block's output, largest difference {err:.4g}; "
+        f"token 0 expected {[round(v, 3) for v in want[0].tolist()]}, "
+        f"got {[round(v, 3) for v in got[0].tolist()]}"
+    )
+
+
+def _tp_attention(impl: ModuleType, world_size: int, bias: bool = True) -> tuple[list, Any]:
+    dense, x = _dense_block(bias)
+    return run_on_threads(_rank_block, world_size, impl, dense, x), _run_block(dense, x)
+
+
+def check_attention_projections_are_split_by_heads(impl: ModuleType) -> None:
+    """q, k, v column-parallel (this rank's heads), o_proj row-parallel over the same heads."""
+    ranks, _ = _tp_attention(impl, 2)
+    want = {"q_proj": "ColumnParallelLinear", "k_proj": "ColumnParallelLinear",
+            "v_proj": "ColumnParallelLinear", "o_proj": "RowParallelLinear"}  # fmt: skip
+    got = ranks[0]["kinds"]
+    assert got == want, f"rank 0's attention projections: expected {want}, got {got}"
+
+
+def check_one_all_reduce_per_attention_block(impl: ModuleType) -> None:
+    """One forward of the block over 2 ranks: exactly 1 all-reduce and 0 all-gathers per rank."""
+    ranks, _ = _tp_attention(impl, 2)
+    got = [r["counts"] for r in ranks]
+    assert got == [(1, 0), (1, 0)], (
+        "collectives per rank in one forward of the attention block, as (all-reduces, "
+        f"all-gathers): expected [(1, 0), (1, 0)], got {got}"
+    )
+
+
+def check_tp2_attention_equals_the_single_rank_block(impl: ModuleType) -> None:
+    """4 query heads, 2 KV heads over 2 ranks: every rank's output is the dense block's."""
+    for bias in (True, False):
+        ranks, dense = _tp_attention(impl, 2, bias)
+        for rank, r in enumerate(ranks):
+            _close(r["out"], dense, f"rank {rank}'s attention output at TP=2 (bias={bias})")
+
+
+def check_tp4_replicated_kv_heads_equal_the_single_rank_block(impl: ModuleType) -> None:
+    """4 ranks, 2 KV heads: each KV head lives on 2 ranks; outputs still equal the dense block's."""
+    ranks, dense = _tp_attention(impl, 4)
+    for rank, r in enumerate(ranks):
+        _close(r["out"], dense, f"rank {rank}'s attention output at TP=4 (KV heads replicated)")
+
+
 CHECKS = [
     check_column_shard_keeps_this_ranks_output_rows,
     check_column_forward_gives_each_rank_its_output_slice,
@@ -133,4 +259,43 @@ CHECKS = [
     check_row_forward_slices_a_whole_input_itself,
     check_column_then_row_is_the_dense_two_layer_network,
     check_one_rank_is_the_dense_layer,
+    check_attention_projections_are_split_by_heads,
+    check_one_all_reduce_per_attention_block,
+    check_tp2_attention_equals_the_single_rank_block,
+    check_tp4_replicated_kv_heads_equal_the_single_rank_block,
 ]
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "7.1": (
+        "Column-parallel splits W by output features: each rank owns a block of W's rows "
+        "and computes its slice of y from the whole input, with no communication.",
+        "shard: slice the rows self.rows of the weight (and of the bias). forward: a plain "
+        "linear with the local weight and bias; only with gather_output, concatenate every "
+        "rank's slice with the communicator.",
+        "`weight[self.rows.start : self.rows.stop]` is the shard; in forward, "
+        "`F.linear(x, self.weight, self.bias)` then `self.comm.all_gather(...)` when "
+        "`self.gather_output`.",
+    ),
+    "7.2": (
+        "Row-parallel splits W by input features: each rank's product is a partial sum of "
+        "the whole y, so one all-reduce adds them; the bias must be added once, after it.",
+        "shard: slice the columns self.cols of the weight; keep the whole bias on every "
+        "rank. forward: slice x first if it is whole, multiply without the bias, all-reduce, "
+        "then add the bias.",
+        "`weight[:, self.cols.start : self.cols.stop]`; `partial = F.linear(x, "
+        "self.weight)`; `y = self.comm.all_reduce(partial)`; the bias goes on y, not on "
+        "partial (or it would be added world_size times).",
+    ),
+    "7.3": (
+        "Split attention by heads: a rank that owns whole query heads, and the KV heads "
+        "they read, can attend with no communication. Only the output projection mixes "
+        "heads, so its partial sums are the one place the ranks must add up.",
+        "q_proj, k_proj, v_proj become column-parallel over the rank's head features, "
+        "without gathering their outputs; o_proj becomes row-parallel whose input columns "
+        "are the same query-head features. That pairing leaves exactly one all-reduce.",
+        "`linear.ColumnParallelLinear(cfg.hidden_size, cfg.q_size, comm, cfg.qkv_bias, "
+        "rows=layout.q_features(), dtype=dtype)` is q_proj; k and v use cfg.kv_size and "
+        "layout.kv_features(); o_proj is a `linear.RowParallelLinear` from q_size to hidden "
+        "with `cols=` the query features.",
+    ),
+}

@@ -38,15 +38,17 @@ def build_shard(
 ) -> CausalLM:
     """This rank's decoder: parallel layers holding only their slices of the weights.
 
-    `linear` is the module defining `ColumnParallelLinear` and `RowParallelLinear`
-    (chapter 07: pass your `exercises.ch07_parallel_linear`).
+    `linear` is the module defining `ColumnParallelLinear` and `RowParallelLinear`, and
+    optionally `parallelize_attention` (minserve's own, below, when it has none). Chapter
+    07: pass your `exercises.ch07_parallel_linear`, which defines all three.
     """
+    attention = getattr(linear, "parallelize_attention", parallelize_attention)
     layout = TPLayout(source.config, comm.rank, comm.world_size)
     config = layout.local_config()
     with torch.device("meta"):
         net = CausalLM(config)
     for layer in net.model.layers:
-        _parallelize_attention(layer.self_attn, layout, comm, dtype, linear)
+        attention(layer.self_attn, layout, comm, dtype, linear)
         _parallelize_mlp(layer.mlp, layout, comm, dtype, linear)
     hidden = config.hidden_size
     net.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden, comm, dtype)
@@ -56,10 +58,21 @@ def build_shard(
     return net.eval()
 
 
-def _parallelize_attention(
+# >>> exercise 7.3: the all-reduce of the attention block
+def parallelize_attention(
     attn: SelfAttention, layout: TPLayout, comm: Communicator, dtype: torch.dtype, linear: Any
 ) -> None:
-    """Query heads and their KV heads stay on this rank; o_proj sums the heads' outputs."""
+    """Query heads and their KV heads stay on this rank; o_proj sums the heads' outputs.
+
+    Replace `attn`'s q_proj, k_proj, v_proj and o_proj (built on the meta device) with
+    `linear.ColumnParallelLinear` / `linear.RowParallelLinear` so that one forward of the
+    block makes exactly one all-reduce and no all-gather: the rank attends its own heads
+    (q rows `layout.q_features()`, k and v rows `layout.kv_features()`) with no
+    communication, and o_proj, whose input features are those heads' outputs, turns the
+    rank's partial sum into the block's output. Sizes and biases come from
+    `layout.config` (q_size, kv_size, hidden_size, qkv_bias, o_bias); pass `dtype` on.
+    """
+    # >>> solution
     cfg = layout.config
     hidden, q_rows, kv_rows = cfg.hidden_size, layout.q_features(), layout.kv_features()
     for name, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
@@ -71,6 +84,10 @@ def _parallelize_attention(
     attn.o_proj = linear.RowParallelLinear(
         cfg.q_size, hidden, comm, cfg.o_bias, cols=q_rows, dtype=dtype
     )
+    # <<< solution
+
+
+# <<< exercise
 
 
 def _parallelize_mlp(

@@ -7,6 +7,7 @@ The same loop serves processes spawned by `LLM(tensor_parallel_size=N)` on one m
 
 from __future__ import annotations
 
+import importlib
 import os
 import traceback
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ class TPSpec:
     init_method: str | None = None  # "tcp://127.0.0.1:PORT"; None: torchrun's env://
     num_threads: int | None = None  # CPU threads per worker (None: cores / world_size)
     step_timeout: float = 600.0  # seconds a collective may wait before it is an error
+    # the module, by name, whose parallel layers (and parallelize_attention, if it has one)
+    # every rank builds its shard with; None: minserve's own (chapter 07 plugs the student's)
+    parallel_layers: str | None = None
 
 
 @dataclass
@@ -59,7 +63,8 @@ def start_rank(
     execution = resolve_execution(device, spec.dtype, spec.attention_backend, prepack=False)
     group = join_group(rank, spec.world_size, spec.init_method, device, spec.step_timeout)
     source = source or CheckpointTensors(spec.model)
-    model = build_shard(source, group.comm, execution.dtype, device)
+    linear = importlib.import_module(spec.parallel_layers or "minserve.distributed.layers")
+    model = build_shard(source, group.comm, execution.dtype, device, linear)
     model.use_c_kernels(execution.c_kernels)
     return group, model, execution
 

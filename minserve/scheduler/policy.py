@@ -33,8 +33,18 @@ def priority(seq: Sequence) -> tuple:
 POLICIES: dict[str, PolicyKey] = {"fcfs": fcfs, "priority": priority}
 
 
-def get_policy(name: str, kv: KVCacheManager | None = None) -> PolicyKey:
-    """The policy called `name`; "lpm" needs the KV cache manager, whose prefix cache it reads."""
+def get_policy(
+    name: str | Callable[[KVCacheManager], PolicyKey], kv: KVCacheManager | None = None
+) -> PolicyKey:
+    """The policy called `name`; "lpm" needs the KV cache manager, whose prefix cache it reads.
+
+    `name` may also be a class (or any callable) built from the KV cache manager, such as
+    chapter 05's `LongestPrefixMatch` or `partial(LongestPrefixMatch, max_wait_s=60)`.
+    """
+    if callable(name):
+        if kv is None:
+            raise ValueError("a scheduling_policy class is built from the KV manager: pass it")
+        return name(kv)
     if name == "lpm":
         if kv is None:
             raise ValueError("scheduling_policy 'lpm' reads the prefix cache: pass the KV manager")

@@ -25,6 +25,8 @@ class SpeculativeConfig:
     rejection_sampler: verifies a sampling request's drafts, with the signature of
     `minserve.speculative.verify.rejection_sample` (the default); chapter 06 plugs the
     student's in.
+    proposer_cls: for method "ngram", the class of the proposer, built from this config
+    (default `minserve.speculative.ngram.NgramProposer`); chapter 06 plugs the student's in.
     """
 
     method: str
@@ -35,6 +37,8 @@ class SpeculativeConfig:
     num_draft_layers: int | None = None  # method "early_exit"; None: half the target's layers
     draft_length: str = "fixed"
     rejection_sampler: Callable[..., list[int]] | None = None  # None: verify.rejection_sample
+    # method "ngram": the proposer class, built from this config (None: ngram.NgramProposer)
+    proposer_cls: Callable[[SpeculativeConfig], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -60,6 +64,13 @@ class SpeculativeConfig:
                 "rejection_sampler must be a function like "
                 "minserve.speculative.verify.rejection_sample, got "
                 f"{type(self.rejection_sampler).__name__}"
+            )
+        if self.proposer_cls is not None and self.method != "ngram":
+            raise ValueError(f"proposer_cls applies to method 'ngram', not {self.method!r}")
+        if self.proposer_cls is not None and not callable(self.proposer_cls):
+            raise ValueError(
+                "proposer_cls must be a class like minserve.speculative.ngram.NgramProposer, "
+                f"got {type(self.proposer_cls).__name__}"
             )
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(

@@ -30,4 +30,4 @@ def make_proposer(config: SpeculativeConfig, runner: ModelRunner) -> Proposer:
         return EarlyExitProposer(config, runner)
     if config.method == "draft_model":
         return DraftModelProposer(config, runner)
-    return NgramProposer(config)
+    return (config.proposer_cls or NgramProposer)(config)
