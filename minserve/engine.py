@@ -25,8 +25,11 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 
 from minserve.attention.backends import get_attention_backend
+from minserve.attention.contiguous import Attend
+from minserve.attention.per_sequence import PerSequenceAttention
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
@@ -116,6 +119,7 @@ class LLMEngine:
         peers: StepPeers | None = None,  # tensor parallel: the other ranks' workers
         speculative_config: SpeculativeConfig | None = None,
         sample_output_cls: type = SampleOutput,
+        attend: Attend | None = None,  # a contiguous attention function (chapter 00)
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -131,6 +135,11 @@ class LLMEngine:
         )  # fmt: skip
         self.execution = loaded.execution.with_attention(attention_backend)  # how it runs
         backend = get_attention_backend(self.execution.attention)
+        if attend is not None:  # every sequence's K/V gathered, then `attend` per sequence
+            if attention_backend != "auto":
+                raise ValueError("give attention_backend or attend, not both")
+            backend = partial(PerSequenceAttention, attend=attend)
+            self.execution = replace(self.execution, attention="per-sequence")
         self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
