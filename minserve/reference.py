@@ -88,7 +88,9 @@ class ReferenceGenerator:
             [torch.arange(r.cached, r.cached + len(ids)) for r, ids in zip(running, inputs)]
         ).to(device)  # [T]
         slices = [ContiguousSlice(r.kv, r.cached, len(ids)) for r, ids in zip(running, inputs)]
-        hidden = self.model(input_ids, positions, ContiguousAttention(slices, self.attend))  # [T, hidden]
+        hidden = self.model(
+            input_ids, positions, ContiguousAttention(slices, self.attend)
+        )  # [T, hidden]
         last = torch.tensor([len(ids) for ids in inputs], device=device).cumsum(0) - 1
         logits = self.model.compute_logits(hidden[last])  # [num_seqs, vocab]
         result = self.sampler(logits, [r.sample.sampling_row(self.rules) for r in running])

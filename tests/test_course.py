@@ -275,22 +275,22 @@ def test_report_for_the_solutions_is_all_ticks():
     code, report = _report("00", "solutions")
     checks = len(get_chapter("00").load_checks())
     assert code == 0
-    assert report.startswith("Chapter 00: The model we serve\nchecking solutions/ch00_sampling.py")
+    assert report.startswith("Chapter 00: The model we serve\nchecking solutions/ch00_model.py")
     assert report.count("  ✓ ") == checks and "✗" not in report
     assert f"{checks}/{checks} checks passed." in report
 
 
 def test_report_for_untouched_exercises_says_not_implemented_yet():
-    path = REPO_ROOT / "exercises" / "ch00_sampling.py"
+    path = REPO_ROOT / "exercises" / "ch00_model.py"
     if has_local_edits(path.read_text(encoding="utf-8")):
-        pytest.skip("exercises/ch00_sampling.py holds a student's edits")
+        pytest.skip("exercises/ch00_model.py holds a student's edits")
     code, report = _report("00", "exercises")
     checks = len(get_chapter("00").load_checks())
     assert code == 1
     assert "not implemented yet (Exercise 0.1)" in report
     assert "✓" not in report and "✗" not in report
     assert f"0/{checks} checks passed." in report
-    assert "Hint: next is Exercise 0.1: top-k filtering, in exercises/ch00_sampling.py" in report
+    assert "Hint: next is Exercise 0.1: RMSNorm, in exercises/ch00_model.py" in report
 
 
 WRONG_TOP_K = """\
@@ -307,13 +307,29 @@ def apply_top_p(logits, top_p):
 
 
 def apply_min_p(logits, min_p):
-    raise NotImplementedError("Exercise 0.3: min-p filtering")
+    raise NotImplementedError("Exercise 0.7: min-p filtering")
+
+
+def rms_norm(x, weight, eps):
+    raise NotImplementedError("Exercise 0.1: RMSNorm")
+
+
+def apply_rope(x, cos, sin):
+    raise NotImplementedError("Exercise 0.2: rotary position embedding (RoPE)")
+
+
+def swiglu(gate, up):
+    raise NotImplementedError("Exercise 0.3: SwiGLU")
+
+
+def attend(q, k, v, start):
+    raise NotImplementedError("Exercise 0.4: grouped-query causal attention")
 """
 
 
 def _student_root(tmp_path: Path, code: str) -> Path:
     (tmp_path / "exercises").mkdir()
-    (tmp_path / "exercises" / "ch00_sampling.py").write_text(code)
+    (tmp_path / "exercises" / "ch00_model.py").write_text(code)
     return tmp_path
 
 
@@ -323,9 +339,9 @@ def test_report_for_a_wrong_value_shows_expected_vs_got_and_the_students_line(tm
     first_failure = report.split("First failure: ", 1)[1]
     assert "  ✗ k = 2 keeps the two largest logits" in report
     assert "expected to keep tokens [1, 2], got [1, 2, 3]" in first_failure
-    assert "exercises/ch00_sampling.py:6, in apply_top_k" in first_failure
+    assert "exercises/ch00_model.py:6, in apply_top_k" in first_failure
     assert 'return logits.masked_fill(logits < third, float("-inf"))' in first_failure
-    assert "not implemented yet (Exercise 0.3)" in report
+    assert "not implemented yet (Exercise 0.7)" in report
     assert "Hint: fix the first failure above" in report
 
 
@@ -336,7 +352,7 @@ def test_report_for_an_error_in_student_code_shows_the_raising_line(tmp_path):
     assert status == 1
     assert "IndexError: " in first_failure
     assert "your code at " in first_failure
-    assert "exercises/ch00_sampling.py:5, in apply_top_k" in first_failure
+    assert "exercises/ch00_model.py:5, in apply_top_k" in first_failure
     assert "third = logits.sort(dim=-1, descending=True).values[top_k]" in first_failure
 
 
@@ -353,4 +369,4 @@ def test_report_for_an_unknown_chapter_lists_the_known_ones():
 
 def test_check_without_a_chapter_lists_chapters(capsys):
     assert main([]) == 0
-    assert "00  The model we serve  (exercises 0.1, 0.2, 0.3)" in capsys.readouterr().out
+    assert "00  The model we serve  (exercises 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)" in capsys.readouterr().out

@@ -15,7 +15,6 @@ import torch
 
 from minserve.model_config import ModelConfig
 
-
 # causal attention of q [n, Hq, D] over k, v [start + n, Hkv, D], given start -> [n, Hq, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -92,4 +91,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
     weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)  # [Hq, n, ctx]
     return torch.einsum("hqk,khd->qhd", weights, v.float()).to(q.dtype)  # [n, Hq, D]
     # <<< solution
+
+
 # <<< exercise

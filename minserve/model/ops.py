@@ -31,6 +31,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
     # <<< solution
+
+
 # <<< exercise
 
 
@@ -47,6 +49,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x.chunk(2, dim=-1)  # [T, heads, head_dim / 2] each
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
     # <<< solution
+
+
 # <<< exercise
 
 
@@ -60,6 +64,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     # >>> solution
     return F.silu(gate) * up
     # <<< solution
+
+
 # <<< exercise
 
 
