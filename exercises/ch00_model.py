@@ -2,8 +2,8 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 00` from the repository root.
 # Generated from minserve/model/ops.py, minserve/attention/contiguous.py, minserve/model/sampler.py by `python -m minserve.course.generate`.
-# stub fingerprint: edc41c2b978f (lets the generator tell your edits from a stale stub)
-"""Chapter 00, The model we serve: the decoder's pieces and the sampler's filters.
+# stub fingerprint: 5db52b1b8b21 (lets the generator tell your edits from a stale stub)
+"""Chapter 00, The model we serve: the decoder's math and the sampler's filters.
 
 0.1-0.4 are the model's math (RMSNorm, RoPE, SwiGLU, grouped-query causal
 attention); plug them into the engine with

@@ -34,6 +34,7 @@ from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import host_tier_for
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
@@ -120,6 +121,7 @@ class LLMEngine:
         speculative_config: SpeculativeConfig | None = None,
         sample_output_cls: type = SampleOutput,
         attend: Attend | None = None,  # a contiguous attention function (chapter 00)
+        block_table_cls: type = BlockTable,
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -144,7 +146,9 @@ class LLMEngine:
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
             logger.info("warm-up: the Triton kernels' step shapes ran once in %.1f s", seconds)
-        self.kv = self._kv_manager(cache_config, block_allocator_cls, prefix_cache_cls, pool)
+        self.kv = self._kv_manager(
+            cache_config, block_allocator_cls, prefix_cache_cls, pool, block_table_cls
+        )
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
             caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
@@ -175,6 +179,7 @@ class LLMEngine:
         allocator_cls: type,
         prefix_cache_cls: type,
         pool: PagedKVPool,
+        table_cls: type = BlockTable,
     ) -> KVCacheManager:
         """The scheduler's side of the KV cache: blocks, prefix cache, swap and host tier."""
         allocator = allocator_cls(pool.num_blocks)
@@ -191,7 +196,7 @@ class LLMEngine:
             if cache_config.kv_offloading_size > 0:
                 costs = self.worker.measure_tier_costs()
                 host_tier = host_tier_for(cache_config, pool.block_size, pool.block_nbytes, costs)
-        return KVCacheManager(allocator, pool.block_size, swap, prefix_cache, host_tier)
+        return KVCacheManager(allocator, pool.block_size, swap, prefix_cache, host_tier, table_cls)
 
     # --- requests in and out ---
 

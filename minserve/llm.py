@@ -17,6 +17,7 @@ from minserve.engine import LLMEngine
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.ops import MODEL_OPS, ModelOps
@@ -80,6 +81,7 @@ class LLM:
         attention_backend: str = "auto",
         sampler: Sampler | None = None,
         block_allocator_cls: type = BlockAllocator,
+        block_table_cls: type = BlockTable,
         scheduler_cls: type = Scheduler,
         prefix_cache_cls: type = RadixCache,
         sample_output_cls: type = SampleOutput,
@@ -121,7 +123,7 @@ class LLM:
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
                 attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
                 **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
-                attend=attend,
+                attend=attend, block_table_cls=block_table_cls,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:

@@ -1,6 +1,6 @@
 # Generated from minserve/model/ops.py, minserve/attention/contiguous.py, minserve/model/sampler.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 00, The model we serve: the decoder's pieces and the sampler's filters.
+"""Chapter 00, The model we serve: the decoder's math and the sampler's filters.
 
 0.1-0.4 are the model's math (RMSNorm, RoPE, SwiGLU, grouped-query causal
 attention); plug them into the engine with

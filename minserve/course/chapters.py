@@ -53,7 +53,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         module="ch00_model",
         sources=("model/ops.py", "attention/contiguous.py", "model/sampler.py"),
         header=(
-            '"""Chapter 00, The model we serve: the decoder\'s pieces and the sampler\'s filters.\n\n'
+            '"""Chapter 00, The model we serve: the decoder\'s math and the sampler\'s filters.\n\n'
             "0.1-0.4 are the model's math (RMSNorm, RoPE, SwiGLU, grouped-query causal\n"
             "attention); plug them into the engine with\n"
             "`LLM(model_ops=ModelOps.from_module(module))`. 0.5-0.7 are the sampler's filters\n"
@@ -72,13 +72,17 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="block_allocator",
         title="KV cache and the block allocator",
         module="ch01_block_allocator",
-        sources=("kvcache/block_allocator.py",),
+        sources=("kvcache/block_allocator.py", "kvcache/block_table.py"),
         header=(
-            '"""Chapter 01, KV cache and the block allocator: free list and reference counts.\n\n'
+            '"""Chapter 01, KV cache and the block allocator: free list, reference counts and\n'
+            "block tables.\n\n"
             "The paged KV pool is cut into blocks; `BlockAllocator` hands out block ids and\n"
-            "counts who holds each one. Plug your class into the engine with\n"
-            "`LLM(block_allocator_cls=BlockAllocator)`.\n"
+            "counts who holds each one; a sequence's `BlockTable` maps its logical blocks to\n"
+            "physical ones, shares them on fork and copies a shared last block before writing\n"
+            "into it. Plug your classes into the engine with\n"
+            "`LLM(block_allocator_cls=BlockAllocator, block_table_cls=BlockTable)`.\n"
             '"""\n\n'
+            "from __future__ import annotations\n\n"
             "from collections import deque\n\n"
             "from minserve.kvcache import NoFreeBlocksError\n"
         ),
