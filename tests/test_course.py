@@ -369,4 +369,7 @@ def test_report_for_an_unknown_chapter_lists_the_known_ones():
 
 def test_check_without_a_chapter_lists_chapters(capsys):
     assert main([]) == 0
-    assert "00  The model we serve  (exercises 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)" in capsys.readouterr().out
+    assert (
+        "00  The model we serve  (exercises 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)"
+        in capsys.readouterr().out
+    )

@@ -178,8 +178,7 @@ def check_min_p_leaves_input_unchanged(impl: ModuleType) -> None:
     _assert_input_untouched("apply_min_p", impl.apply_min_p, logits, torch.tensor([0.4]))
 
 
-CHECKS: list[Callable[[ModuleType], None]] = [
-    *MODEL_CHECKS,
+FILTER_CHECKS: list[Callable[[ModuleType], None]] = [
     check_top_k_keeps_k_largest,
     check_top_k_keeps_ties_at_kth_value,
     check_top_k_larger_than_vocab_keeps_all,
@@ -196,6 +195,7 @@ CHECKS: list[Callable[[ModuleType], None]] = [
     check_min_p_per_row_settings,
     check_min_p_leaves_input_unchanged,
 ]
+CHECKS = MODEL_CHECKS + FILTER_CHECKS
 
 HINTS: dict[str, tuple[str, str, str]] = {
     **MODEL_HINTS,

@@ -203,6 +203,17 @@ MODEL_CHECKS: list[Callable[[ModuleType], None]] = [
     check_whole_forward_matches_transformers,
 ]
 
+
+def passes_model_checks(impl: ModuleType) -> bool:
+    """Whether `impl`'s four pieces pass every check above (the notebook's fallback switch)."""
+    try:
+        for check in MODEL_CHECKS:
+            check(impl)
+    except Exception:  # a failed check, a stub, or a bug: not ready for the engine
+        return False
+    return True
+
+
 HINTS: dict[str, tuple[str, str, str]] = {
     "0.1": (
         "RMSNorm divides each vector by its root mean square, then scales it per dimension.",

@@ -139,7 +139,7 @@ def check_many_cycles_keep_the_books(impl: ModuleType) -> None:
     )
 
 
-CHECKS = [
+ALLOCATOR_CHECKS = [
     check_allocate_hands_out_distinct_blocks,
     check_allocate_when_exhausted_raises,
     check_free_returns_the_block_for_reuse,
@@ -148,6 +148,8 @@ CHECKS = [
     check_free_of_a_never_allocated_block_raises,
     check_many_cycles_keep_the_books,
     check_allocator_matches_a_reference_model,
+]
+TABLE_CHECKS = [
     check_append_maps_slots_through_the_table,
     check_append_fills_the_last_block_first,
     check_fork_shares_every_block,
@@ -155,6 +157,19 @@ CHECKS = [
     check_full_shared_blocks_are_not_copied,
     check_forks_free_back_to_an_empty_pool,
 ]
+CHECKS = ALLOCATOR_CHECKS + TABLE_CHECKS
+
+
+def passes(impl: ModuleType, checks: list[Callable[[ModuleType], None]]) -> bool:
+    """Whether `impl` passes every one of `checks` (the notebook's switch from the solution
+    to the student's class)."""
+    try:
+        for check in checks:
+            check(impl)
+    except Exception:  # a failed check, a stub, or a bug: not ready for the engine
+        return False
+    return True
+
 
 HINTS: dict[str, tuple[str, str, str]] = {
     "1.1": (
