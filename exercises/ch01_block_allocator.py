@@ -1,14 +1,19 @@
 # Your workspace for chapter 01 (KV cache and the block allocator): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 01` from the repository root.
-# Generated from minserve/kvcache/block_allocator.py by `python -m minserve.course.generate`.
-# stub fingerprint: 436a038a7606 (lets the generator tell your edits from a stale stub)
-"""Chapter 01, KV cache and the block allocator: free list and reference counts.
+# Generated from minserve/kvcache/block_allocator.py, minserve/kvcache/block_table.py by `python -m minserve.course.generate`.
+# stub fingerprint: 4d0d70083f9f (lets the generator tell your edits from a stale stub)
+"""Chapter 01, KV cache and the block allocator: free list, reference counts and
+block tables.
 
 The paged KV pool is cut into blocks; `BlockAllocator` hands out block ids and
-counts who holds each one. Plug your class into the engine with
-`LLM(block_allocator_cls=BlockAllocator)`.
+counts who holds each one; a sequence's `BlockTable` maps its logical blocks to
+physical ones, shares them on fork and copies a shared last block before writing
+into it. Plug your classes into the engine with
+`LLM(block_allocator_cls=BlockAllocator, block_table_cls=BlockTable)`.
 """
+
+from __future__ import annotations
 
 from collections import deque
 
@@ -75,3 +80,136 @@ class BlockAllocator:
         """Reject ids outside the pool (a negative id would silently index from the end)."""
         if not 0 <= block < self.num_blocks:
             raise ValueError(f"unknown block id {block}; ids run from 0 to {self.num_blocks - 1}")
+
+
+# Exercise 1.2: the block table (append with copy-on-write, fork, slot)
+class BlockTable:
+    """One sequence's logical->physical block map (PagedAttention's block table).
+
+    `blocks[i]` is the physical block of logical block i; `num_tokens` tokens have slots.
+    You write `append` (slots for new tokens, with copy-on-write of a shared last block),
+    `_copy_on_write`, `fork` (share every block) and `slot` (position -> pool slot); the
+    rest is given. Plug it into the engine with `LLM(block_table_cls=BlockTable)`.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        self.block_size = block_size
+        self.blocks: list[int] = []  # physical block of logical block i
+        self.num_tokens = 0  # tokens whose slots are assigned
+        # The allocator the blocks come from, remembered by append and fork so that
+        # `blocks_needed` can ask whether the last block is shared.
+        self._allocator: BlockAllocator | None = None
+
+    @property
+    def _tail_partly_filled(self) -> bool:
+        return self.num_tokens % self.block_size != 0
+
+    def blocks_needed(self, num_new_tokens: int) -> int:
+        """New blocks `append(allocator, num_new_tokens)` would allocate, exactly.
+
+        Counts one more for the copy-on-write of a shared, partly-filled last block.
+        """
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        if num_new_tokens == 0:
+            return 0
+        spare = len(self.blocks) * self.block_size - self.num_tokens  # free slots in the tail
+        fresh = -(-max(0, num_new_tokens - spare) // self.block_size)  # ceil division
+        return fresh + int(self._needs_copy_on_write())
+
+    def _needs_copy_on_write(self) -> bool:
+        if not self._tail_partly_filled:
+            return False  # a full (or no) last block is never written again
+        assert self._allocator is not None  # set when the first block was allocated
+        return self._allocator.refcount(self.blocks[-1]) > 1
+
+    def _use(self, allocator: BlockAllocator) -> None:
+        """Remember `allocator`; a table's blocks must all come from one allocator."""
+        if self.blocks and allocator is not self._allocator:
+            raise ValueError(
+                "this block table's blocks come from another allocator; "
+                "use the same allocator for every call on one table"
+            )
+        self._allocator = allocator
+
+    def append(
+        self, allocator: BlockAllocator, num_new_tokens: int
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Assign slots to the next `num_new_tokens` tokens, allocating blocks as needed.
+
+        Returns (slots, copies): one slot per new token, and the (src, dst) block pairs the
+        KV pool must copy before the step writes (copy-on-write of a shared last block).
+        Atomic: raises `NoFreeBlocksError` and changes nothing if blocks run short.
+        """
+        self._use(allocator)
+        needed = self.blocks_needed(num_new_tokens)
+        if not allocator.can_allocate(needed):
+            raise NoFreeBlocksError(
+                f"appending {num_new_tokens} tokens needs {needed} new blocks, "
+                f"but only {allocator.num_free} are free"
+            )
+        if num_new_tokens == 0:
+            return [], []
+        raise NotImplementedError("Exercise 1.2: the block table (append with copy-on-write, fork, slot)")
+
+    def _copy_on_write(self, allocator: BlockAllocator) -> tuple[int, int]:
+        """Swap the shared last block for a private copy; the pool copies src -> dst."""
+        raise NotImplementedError("Exercise 1.2: the block table (append with copy-on-write, fork, slot)")
+
+    def fork(self, allocator: BlockAllocator) -> BlockTable:
+        """A copy of this table sharing every block (parallel sampling, beam search)."""
+        self._use(allocator)
+        raise NotImplementedError("Exercise 1.2: the block table (append with copy-on-write, fork, slot)")
+
+    def adopt_prefix(self, allocator: BlockAllocator, blocks: list[int]) -> None:
+        """Make `blocks`, full blocks holding the KV of this table's first tokens, its first
+        blocks (a prefix-cache hit on an empty table, or the cached twins of blocks it computed)."""
+        self._use(allocator)
+        if self.blocks and len(blocks) > len(self.blocks):
+            raise ValueError(
+                f"cannot adopt {len(blocks)} cached blocks into a table of {len(self.blocks)}"
+            )
+        for i, block in enumerate(blocks):
+            allocator.share(block)  # before freeing ours: they may be the same block
+            if i < len(self.blocks):
+                allocator.free(self.blocks[i])
+                self.blocks[i] = block
+            else:
+                self.blocks.append(block)
+        self.num_tokens = max(self.num_tokens, len(blocks) * self.block_size)
+
+    def free(self, allocator: BlockAllocator) -> None:
+        """Release every block and empty the table."""
+        self._use(allocator)
+        # Last block first: the free list reuses blocks in the order they were freed, so a
+        # sequence's first blocks (a prompt others may share) stay untouched the longest.
+        for block in reversed(self.blocks):
+            allocator.free(block)
+        self.blocks = []
+        self.num_tokens = 0
+        self._allocator = None
+
+    def truncate(self, allocator: BlockAllocator, num_tokens: int) -> None:
+        """Keep the slots of the first `num_tokens` tokens; free the blocks past them.
+
+        Speculative decoding rolls back the slots of rejected drafts this way: their K/V in
+        the kept last block is overwritten by the next step; blocks holding only rejected
+        positions go back to the allocator at once, so none leak.
+        """
+        if not 0 <= num_tokens <= self.num_tokens:
+            raise ValueError(f"cannot truncate a table of {self.num_tokens} tokens to {num_tokens}")
+        keep = -(-num_tokens // self.block_size)  # ceil division
+        for block in reversed(self.blocks[keep:]):  # allocated this step: never shared
+            allocator.free(block)
+        del self.blocks[keep:]
+        self.num_tokens = num_tokens
+
+    def slot(self, position: int) -> int:
+        """The pool slot holding token `position`'s KV: block * block_size + offset."""
+        if not 0 <= position < self.num_tokens:
+            raise IndexError(
+                f"position {position} has no slot; this table holds {self.num_tokens} tokens"
+            )
+        raise NotImplementedError("Exercise 1.2: the block table (append with copy-on-write, fork, slot)")

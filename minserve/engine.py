@@ -25,13 +25,18 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 
 from minserve.attention.backends import get_attention_backend, with_decode_kernels
 from minserve.attention.triton_decode import DecodeKernels
+from minserve.attention.backends import get_attention_backend
+from minserve.attention.contiguous import Attend
+from minserve.attention.per_sequence import PerSequenceAttention
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import host_tier_for
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
@@ -118,6 +123,8 @@ class LLMEngine:
         speculative_config: SpeculativeConfig | None = None,
         sample_output_cls: type = SampleOutput,
         decode_kernels: DecodeKernels | None = None,  # chapter 02: the Triton decode kernels
+        attend: Attend | None = None,  # a contiguous attention function (chapter 00)
+        block_table_cls: type = BlockTable,
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -133,13 +140,22 @@ class LLMEngine:
         )  # fmt: skip
         self.execution = loaded.execution.with_attention(attention_backend)  # how it runs
         backend = get_attention_backend(self.execution.attention)
+        if decode_kernels is not None and attend is not None:
+            raise ValueError("give decode_kernels (chapter 02) or attend (chapter 00), not both")
         if decode_kernels is not None:
             backend = with_decode_kernels(self.execution.attention, decode_kernels)
+        if attend is not None:  # every sequence's K/V gathered, then `attend` per sequence
+            if attention_backend != "auto":
+                raise ValueError("give attention_backend or attend, not both")
+            backend = partial(PerSequenceAttention, attend=attend)
+            self.execution = replace(self.execution, attention="per-sequence")
         self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
             logger.info("warm-up: the Triton kernels' step shapes ran once in %.1f s", seconds)
-        self.kv = self._kv_manager(cache_config, block_allocator_cls, prefix_cache_cls, pool)
+        self.kv = self._kv_manager(
+            cache_config, block_allocator_cls, prefix_cache_cls, pool, block_table_cls
+        )
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
             caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
@@ -170,6 +186,7 @@ class LLMEngine:
         allocator_cls: type,
         prefix_cache_cls: type,
         pool: PagedKVPool,
+        table_cls: type = BlockTable,
     ) -> KVCacheManager:
         """The scheduler's side of the KV cache: blocks, prefix cache, swap and host tier."""
         allocator = allocator_cls(pool.num_blocks)
@@ -186,7 +203,7 @@ class LLMEngine:
             if cache_config.kv_offloading_size > 0:
                 costs = self.worker.measure_tier_costs()
                 host_tier = host_tier_for(cache_config, pool.block_size, pool.block_nbytes, costs)
-        return KVCacheManager(allocator, pool.block_size, swap, prefix_cache, host_tier)
+        return KVCacheManager(allocator, pool.block_size, swap, prefix_cache, host_tier, table_cls)
 
     # --- requests in and out ---
 

@@ -18,8 +18,10 @@ from minserve.engine import LLMEngine
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.model.loader import LoadedModel, load_model
+from minserve.model.ops import MODEL_OPS, ModelOps
 from minserve.model.sampler import Sampler
 from minserve.model.tokenizer import Tokenizer
 from minserve.output_processor import OutputProcessor, SampleOutput
@@ -57,6 +59,13 @@ class LLM:
     with a student's (docs/course.md). How it runs on this machine (device, dtype, attention
     backend, C kernels) is logged once at info level and returned by
     `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
+    model_ops=ModelOps.from_module(module) runs the model on that module's `rms_norm`,
+    `apply_rope`, `swiglu` and `attend` (chapter 00; docs/course.md): the first three in
+    every layer instead of minserve's own (and its C kernels), `attend` once per sequence
+    over its K/V gathered from the paged pool (or over the reference engine's contiguous
+    cache). The ops are set on the loaded model, so an LLM sharing it shares them.
+    Likewise block_allocator_cls, block_table_cls (chapter 01), scheduler_cls,
+    prefix_cache_cls and sample_output_cls swap in a class of the same shape.
     """
 
     def __init__(
@@ -79,9 +88,11 @@ class LLM:
         attention_backend: str = "auto",
         sampler: Sampler | None = None,
         block_allocator_cls: type = BlockAllocator,
+        block_table_cls: type = BlockTable,
         scheduler_cls: type = Scheduler,
         prefix_cache_cls: type = RadixCache,
         sample_output_cls: type = SampleOutput,
+        model_ops: ModelOps | None = None,
         engine: str = "paged",
         tensor_parallel_size: int = 1,
         tensor_parallel_layers: str | None = None,
@@ -114,6 +125,10 @@ class LLM:
             self.loaded: LoadedModel = self.tensor_parallel.loaded
         else:
             self.loaded = _load(model, dtype, device)
+        if model_ops is not None and tensor_parallel_size != 1:
+            raise ValueError("model_ops runs in one process; leave tensor_parallel_size at 1")
+        self.loaded.model.use_ops(model_ops or MODEL_OPS)
+        attend = model_ops.attend if model_ops is not None else None
         self.sampler = sampler or Sampler()
         self.engine: LLMEngine | None = None
         self.reference: ReferenceGenerator | None = None
@@ -122,14 +137,14 @@ class LLM:
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
                 attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
                 **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
-                decode_kernels=decode_kernels,
+                decode_kernels=decode_kernels, attend=attend, block_table_cls=block_table_cls,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:
             self.max_model_len = _reference_max_len(max_model_len, self.loaded)
             rules = StopRules(self.loaded.eos_token_ids, self.max_model_len)
             self.reference = ReferenceGenerator(
-                self.loaded.model, self.sampler, rules, max_num_seqs
+                self.loaded.model, self.sampler, rules, max_num_seqs, attend
             )
         self.execution: ExecutionConfig = (  # how it runs, said once (docs/engine.md)
             self.engine.execution

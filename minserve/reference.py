@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
+from minserve.attention.contiguous import Attend, ContiguousAttention, ContiguousSlice, SequenceKV
 from minserve.errors import RequestsFailedError
 from minserve.messages import NewTokens
 from minserve.model.llama import CausalLM
@@ -42,9 +42,15 @@ class ReferenceGenerator:
     """Runs requests to completion, up to `max_num_seqs` sequences at a time."""
 
     def __init__(
-        self, model: CausalLM, sampler: Sampler, rules: StopRules, max_num_seqs: int = 256
+        self,
+        model: CausalLM,
+        sampler: Sampler,
+        rules: StopRules,
+        max_num_seqs: int = 256,
+        attend: Attend | None = None,  # the attention function; None: minserve's own
     ) -> None:
         self.model = model
+        self.attend = attend
         self.sampler = sampler
         self.rules = rules
         self.max_num_seqs = max_num_seqs
@@ -82,7 +88,9 @@ class ReferenceGenerator:
             [torch.arange(r.cached, r.cached + len(ids)) for r, ids in zip(running, inputs)]
         ).to(device)  # [T]
         slices = [ContiguousSlice(r.kv, r.cached, len(ids)) for r, ids in zip(running, inputs)]
-        hidden = self.model(input_ids, positions, ContiguousAttention(slices))  # [T, hidden]
+        hidden = self.model(
+            input_ids, positions, ContiguousAttention(slices, self.attend)
+        )  # [T, hidden]
         last = torch.tensor([len(ids) for ids in inputs], device=device).cumsum(0) - 1
         logits = self.model.compute_logits(hidden[last])  # [num_seqs, vocab]
         result = self.sampler(logits, [r.sample.sampling_row(self.rules) for r in running])

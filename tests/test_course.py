@@ -289,22 +289,22 @@ def test_report_for_the_solutions_is_all_ticks():
     code, report = _report("00", "solutions")
     checks = len(get_chapter("00").load_checks())
     assert code == 0
-    assert report.startswith("Chapter 00: The model we serve\nchecking solutions/ch00_sampling.py")
+    assert report.startswith("Chapter 00: The model we serve\nchecking solutions/ch00_model.py")
     assert report.count("  ✓ ") == checks and "✗" not in report
     assert f"{checks}/{checks} checks passed." in report
 
 
 def test_report_for_untouched_exercises_says_not_implemented_yet():
-    path = REPO_ROOT / "exercises" / "ch00_sampling.py"
+    path = REPO_ROOT / "exercises" / "ch00_model.py"
     if has_local_edits(path.read_text(encoding="utf-8")):
-        pytest.skip("exercises/ch00_sampling.py holds a student's edits")
+        pytest.skip("exercises/ch00_model.py holds a student's edits")
     code, report = _report("00", "exercises")
     checks = len(get_chapter("00").load_checks())
     assert code == 1
     assert "not implemented yet (Exercise 0.1)" in report
     assert "✓" not in report and "✗" not in report
     assert f"0/{checks} checks passed." in report
-    assert "Hint: next is Exercise 0.1: top-k filtering, in exercises/ch00_sampling.py" in report
+    assert "Hint: next is Exercise 0.1: RMSNorm, in exercises/ch00_model.py" in report
 
 
 WRONG_TOP_K = """\
@@ -321,13 +321,29 @@ def apply_top_p(logits, top_p):
 
 
 def apply_min_p(logits, min_p):
-    raise NotImplementedError("Exercise 0.3: min-p filtering")
+    raise NotImplementedError("Exercise 0.7: min-p filtering")
+
+
+def rms_norm(x, weight, eps):
+    raise NotImplementedError("Exercise 0.1: RMSNorm")
+
+
+def apply_rope(x, cos, sin):
+    raise NotImplementedError("Exercise 0.2: rotary position embedding (RoPE)")
+
+
+def swiglu(gate, up):
+    raise NotImplementedError("Exercise 0.3: SwiGLU")
+
+
+def attend(q, k, v, start):
+    raise NotImplementedError("Exercise 0.4: grouped-query causal attention")
 """
 
 
 def _student_root(tmp_path: Path, code: str) -> Path:
     (tmp_path / "exercises").mkdir()
-    (tmp_path / "exercises" / "ch00_sampling.py").write_text(code)
+    (tmp_path / "exercises" / "ch00_model.py").write_text(code)
     return tmp_path
 
 
@@ -337,9 +353,9 @@ def test_report_for_a_wrong_value_shows_expected_vs_got_and_the_students_line(tm
     first_failure = report.split("First failure: ", 1)[1]
     assert "  ✗ k = 2 keeps the two largest logits" in report
     assert "expected to keep tokens [1, 2], got [1, 2, 3]" in first_failure
-    assert "exercises/ch00_sampling.py:6, in apply_top_k" in first_failure
+    assert "exercises/ch00_model.py:6, in apply_top_k" in first_failure
     assert 'return logits.masked_fill(logits < third, float("-inf"))' in first_failure
-    assert "not implemented yet (Exercise 0.3)" in report
+    assert "not implemented yet (Exercise 0.7)" in report
     assert "Hint: fix the first failure above" in report
 
 
@@ -350,7 +366,7 @@ def test_report_for_an_error_in_student_code_shows_the_raising_line(tmp_path):
     assert status == 1
     assert "IndexError: " in first_failure
     assert "your code at " in first_failure
-    assert "exercises/ch00_sampling.py:5, in apply_top_k" in first_failure
+    assert "exercises/ch00_model.py:5, in apply_top_k" in first_failure
     assert "third = logits.sort(dim=-1, descending=True).values[top_k]" in first_failure
 
 
@@ -367,7 +383,10 @@ def test_report_for_an_unknown_chapter_lists_the_known_ones():
 
 def test_check_without_a_chapter_lists_chapters(capsys):
     assert main([]) == 0
-    assert "00  The model we serve  (exercises 0.1, 0.2, 0.3)" in capsys.readouterr().out
+    assert (
+        "00  The model we serve  (exercises 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)"
+        in capsys.readouterr().out
+    )
 
 
 # --- the time limit -----------------------------------------------------------------------
@@ -385,13 +404,13 @@ def test_an_endless_loop_stops_at_the_time_limit_and_names_the_exercise(tmp_path
     assert code == 1
     assert "⧗ k = 2 keeps the two largest logits" in report
     first_failure = report.split("First failure: ", 1)[1]
-    assert "Exercise 0.1: your code ran 0.5 s without finishing" in first_failure
+    assert "Exercise 0.5: your code ran 0.5 s without finishing" in first_failure
     assert "--time-limit SECONDS" in first_failure
     assert "stopped in your code at" in first_failure and "in apply_top_k" in first_failure
     assert "- apply_top_k returns a new tensor" in report
     assert "skipped: it calls apply_top_k" in report
-    assert "✓" not in report  # 0.2 and 0.3 still run: not implemented, top-p wrong
-    assert "not implemented yet (Exercise 0.3)" in report
+    assert "✓" not in report  # 0.6 and 0.7 still run: top-p wrong, min-p not implemented
+    assert "not implemented yet (Exercise 0.7)" in report
 
 
 def test_the_progress_note_of_an_exercise_says_what_must_change(tmp_path):
@@ -416,7 +435,7 @@ def test_minserve_check_in_a_terminal_stops_an_endless_loop(tmp_path):
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
-    assert "Exercise 0.1: your code ran 1 s without finishing" in done.stdout
+    assert "Exercise 0.5: your code ran 1 s without finishing" in done.stdout
     assert time.monotonic() - started < 120
 
 
@@ -490,13 +509,13 @@ def test_json_report_has_a_row_per_check_and_counts(tmp_path):
     rows = report["checks"]
     assert code == 1 and len(rows) == len(get_chapter("00").load_checks())
     assert set(rows[0]) == {"chapter", "exercise", "check", "status", "message"}
-    first = rows[0]
-    assert (first["chapter"], first["exercise"], first["status"]) == ("00", "0.1", "fail")
+    first = next(row for row in rows if row["status"] == "fail")
+    assert (first["chapter"], first["exercise"]) == ("00", "0.5")
     assert "expected to keep tokens [1, 2], got [1, 2, 3]" in first["message"]
-    assert "exercises/ch00_sampling.py:6, in apply_top_k" in first["message"]
-    assert {row["exercise"] for row in rows} == {"0.1", "0.2", "0.3"}
-    todo = [row for row in rows if row["status"] == "not implemented"]
-    assert todo and all(row["exercise"] == "0.3" for row in todo)
+    assert "exercises/ch00_model.py:6, in apply_top_k" in first["message"]
+    assert {row["exercise"] for row in rows} == {f"0.{i}" for i in range(1, 8)}
+    todo = {row["exercise"] for row in rows if row["status"] == "not implemented"}
+    assert todo == {"0.1", "0.2", "0.3", "0.4", "0.7"}
     summary = report["summary"]
     assert summary["total"] == len(rows) == sum(v for k, v in summary.items() if k != "total")
     assert report["chapters"]["00"] == summary

@@ -227,3 +227,22 @@ def test_a_students_block_allocator_plugs_into_the_engine(tiny_model, workload, 
     prompts, params = workload
     assert token_ids(llm.generate(prompts[:20], params[:20], use_tqdm=False)) == expected[:20]
     assert_all_blocks_free(llm.engine)
+
+
+def test_a_students_block_table_plugs_into_the_engine(tiny_model, workload, expected) -> None:
+    """The solution's BlockTable (exercise 1.2) holds every sequence's blocks under
+    preemption (20 blocks of 4), and the engine gives minserve's tokens and frees every
+    block; n = 2 samples fork and copy-on-write exactly like the default table."""
+    import solutions.ch01_block_allocator as student
+
+    llm = LLM(tiny_model("llama"), block_size=4, num_blocks=20, block_table_cls=student.BlockTable)
+    assert isinstance(llm.engine.kv.new_table(), student.BlockTable)
+    prompts, params = workload
+    assert token_ids(llm.generate(prompts[:20], params[:20], use_tqdm=False)) == expected[:20]
+    assert_all_blocks_free(llm.engine)
+    two = SamplingParams(n=2, temperature=0.8, max_tokens=9, seed=1)
+    default = LLM(tiny_model("llama"), block_size=4, num_blocks=20)
+    forked = [c.token_ids for c in llm.generate("Hello there", two, use_tqdm=False)[0].outputs]
+    ours = [c.token_ids for c in default.generate("Hello there", two, use_tqdm=False)[0].outputs]
+    assert forked == ours
+    assert_all_blocks_free(llm.engine)

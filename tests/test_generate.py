@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-import solutions.ch00_sampling
+import solutions.ch00_model
 from minserve import LLM, SamplingParams
+from minserve.model.ops import ModelOps
 from minserve.model.sampler import Sampler
 
 PROMPTS = ["Hello there", "The quick brown fox", "1, 2, 3,"]
@@ -143,9 +144,24 @@ def test_a_students_sampler_plugs_into_the_engine(tiny_model) -> None:
     """The solution module, passed as the engine's sampler, samples exactly like minserve's."""
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=3, max_tokens=10)
     ours = LLM(tiny_model("llama")).generate(PROMPTS, params, use_tqdm=False)
-    student = LLM(tiny_model("llama"), sampler=Sampler.from_module(solutions.ch00_sampling))
+    student = LLM(tiny_model("llama"), sampler=Sampler.from_module(solutions.ch00_model))
     theirs = student.generate(PROMPTS, params, use_tqdm=False)
     assert texts(ours) == texts(theirs)
+
+
+@pytest.mark.parametrize("engine", ["paged", "reference"])
+def test_a_students_model_ops_plug_into_the_engine(tiny_model, engine: str) -> None:
+    """The solution's RMSNorm, RoPE, SwiGLU and attention, as model_ops, decode greedily
+    exactly like minserve's own layers and paged attention."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ours = LLM(tiny_model("llama")).generate(PROMPTS, params, use_tqdm=False)
+    student = LLM(
+        tiny_model("llama"), model_ops=ModelOps.from_module(solutions.ch00_model), engine=engine
+    )
+    assert student.get_execution_config().attention == (
+        "per-sequence" if engine == "paged" else "contiguous"
+    )
+    assert texts(ours) == texts(student.generate(PROMPTS, params, use_tqdm=False))
 
 
 def test_chat_accepts_one_conversation_or_many(llm: LLM) -> None:

@@ -25,9 +25,9 @@ class Chapter:
     """One chapter of the course and where its exercises come from."""
 
     number: str  # "00"
-    slug: str  # "sampling": the notebook is chapters/00_sampling.ipynb
+    slug: str  # "the_model_we_serve": the notebook is chapters/00_the_model_we_serve.ipynb
     title: str
-    module: str  # "ch00_sampling": exercises/ch00_sampling.py, solutions/ch00_sampling.py
+    module: str  # "ch00_model": exercises/ch00_model.py, solutions/ch00_model.py
     sources: tuple[str, ...]  # relative to the minserve package: "model/sampler.py"
     header: str  # module docstring + imports of the generated file
     checks: str  # dotted path of a module with `CHECKS: list[Check]`
@@ -48,16 +48,22 @@ class Chapter:
 CHAPTERS: tuple[Chapter, ...] = (
     Chapter(
         number="00",
-        slug="sampling",
+        slug="the_model_we_serve",
         title="The model we serve",
-        module="ch00_sampling",
-        sources=("model/sampler.py",),
+        module="ch00_model",
+        sources=("model/ops.py", "attention/contiguous.py", "model/sampler.py"),
         header=(
-            '"""Chapter 00, The model we serve: the sampler\'s filters (top-k, top-p, min-p).\n\n'
-            "Each function takes logits [rows, vocab] and one setting per row, and returns new\n"
-            "logits in which the tokens the filter rejects are -inf.\n"
+            '"""Chapter 00, The model we serve: the decoder\'s math and the sampler\'s filters.\n\n'
+            "0.1-0.4 are the model's math (RMSNorm, RoPE, SwiGLU, grouped-query causal\n"
+            "attention); plug them into the engine with\n"
+            "`LLM(model_ops=ModelOps.from_module(module))`. 0.5-0.7 are the sampler's filters\n"
+            "(top-k, top-p, min-p): each takes logits [rows, vocab] and one setting per row and\n"
+            "returns new logits in which the tokens it rejects are -inf; plug them in with\n"
+            "`LLM(sampler=Sampler.from_module(module))`.\n"
             '"""\n\n'
+            "import math\n\n"
             "import torch\n"
+            "import torch.nn.functional as F\n"
         ),
         checks="minserve.course.checks_ch00",
     ),
@@ -66,13 +72,17 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="block_allocator",
         title="KV cache and the block allocator",
         module="ch01_block_allocator",
-        sources=("kvcache/block_allocator.py",),
+        sources=("kvcache/block_allocator.py", "kvcache/block_table.py"),
         header=(
-            '"""Chapter 01, KV cache and the block allocator: free list and reference counts.\n\n'
+            '"""Chapter 01, KV cache and the block allocator: free list, reference counts and\n'
+            "block tables.\n\n"
             "The paged KV pool is cut into blocks; `BlockAllocator` hands out block ids and\n"
-            "counts who holds each one. Plug your class into the engine with\n"
-            "`LLM(block_allocator_cls=BlockAllocator)`.\n"
+            "counts who holds each one; a sequence's `BlockTable` maps its logical blocks to\n"
+            "physical ones, shares them on fork and copies a shared last block before writing\n"
+            "into it. Plug your classes into the engine with\n"
+            "`LLM(block_allocator_cls=BlockAllocator, block_table_cls=BlockTable)`.\n"
             '"""\n\n'
+            "from __future__ import annotations\n\n"
             "from collections import deque\n\n"
             "from minserve.kvcache import NoFreeBlocksError\n"
         ),

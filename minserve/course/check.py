@@ -52,7 +52,7 @@ class Implementation:
 
     module: ModuleType
     files: tuple[Path, ...]
-    label: str  # what the report calls it: "exercises/ch00_sampling.py"
+    label: str  # what the report calls it: "exercises/ch00_model.py"
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def load_implementation(chapter: Chapter, impl: str, root: Path | None = None) -
             f"no {impl}/ folder in {root}. Run `minserve check` from the root of the "
             f"minserve repository, the folder that holds {impl}/."
         )
-    relative = chapter.generated_path(impl.removesuffix("s"))  # "exercises/ch00_sampling.py"
+    relative = chapter.generated_path(impl.removesuffix("s"))  # "exercises/ch00_model.py"
     path = root / relative
     if not path.exists():
         raise CourseError(

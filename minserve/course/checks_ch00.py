@@ -1,9 +1,11 @@
-"""Checks for chapter 00 (sampling filters), run against any module that defines
-`apply_top_k`, `apply_top_p` and `apply_min_p`: minserve's own sampler, the solutions,
-or a student's exercise file.
+"""Checks for chapter 00, run against any module that defines the decoder's pieces
+(`rms_norm`, `apply_rope`, `swiglu`, `attend`) and the sampler's filters (`apply_top_k`,
+`apply_top_p`, `apply_min_p`): the solutions, or a student's exercise file.
 
-Each check takes that module, builds a few rows of hand-made logits whose answer can be
-worked out on paper, and asserts with a message that shows expected against got.
+The model's pieces are compared with torch references (and transformers' own RoPE) on
+random tensors, then assembled into a tiny random Llama whose logits must match
+transformers'. The filters get a few rows of hand-made logits whose answer can be worked
+out on paper. Every assertion shows expected against got.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from collections.abc import Callable
 from types import ModuleType
 
 import torch
+
+from minserve.course.checks_ch00_model import HINTS as MODEL_HINTS
+from minserve.course.checks_ch00_model import MODEL_CHECKS
 
 NEG_INF = float("-inf")
 
@@ -173,7 +178,7 @@ def check_min_p_leaves_input_unchanged(impl: ModuleType) -> None:
     _assert_input_untouched("apply_min_p", impl.apply_min_p, logits, torch.tensor([0.4]))
 
 
-CHECKS: list[Callable[[ModuleType], None]] = [
+FILTER_CHECKS: list[Callable[[ModuleType], None]] = [
     check_top_k_keeps_k_largest,
     check_top_k_keeps_ties_at_kth_value,
     check_top_k_larger_than_vocab_keeps_all,
@@ -190,3 +195,28 @@ CHECKS: list[Callable[[ModuleType], None]] = [
     check_min_p_per_row_settings,
     check_min_p_leaves_input_unchanged,
 ]
+CHECKS = MODEL_CHECKS + FILTER_CHECKS
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    **MODEL_HINTS,
+    "0.5": (
+        "Top-k keeps a row's k largest logits; everything below the k-th largest becomes -inf.",
+        "Find each row's k-th largest value (a threshold), then mask the logits below it; "
+        "rows with k <= 0 keep everything, and k may exceed the vocabulary.",
+        "k = top_k.clamp(1, vocab); kth = logits.sort(descending=True).values.gather(1, "
+        "(k - 1)[:, None]); mask = logits < kth, and no mask where top_k <= 0.",
+    ),
+    "0.6": (
+        "Top-p keeps the smallest set of most probable tokens whose probabilities add up to p.",
+        "Sort each row's probabilities in descending order, take the running sum, find the "
+        "first position where it reaches p; that token's probability is the row's threshold.",
+        "probs = logits.softmax(-1); sorted = probs.sort(descending=True).values; "
+        "cut = (sorted.cumsum(-1) < p[:, None]).sum(-1); keep probs >= sorted[row, cut].",
+    ),
+    "0.7": (
+        "Min-p keeps tokens whose probability is at least min_p times the row's largest.",
+        "Softmax each row, take its max, scale by that row's min_p: one threshold per row.",
+        "probs = logits.softmax(-1); floor = min_p[:, None] * probs.max(-1, keepdim=True)"
+        ".values; return logits.masked_fill(probs < floor, -inf).",
+    ),
+}

@@ -1,5 +1,5 @@
-"""Checks for chapter 01 (the block allocator), run against any module that defines
-`BlockAllocator`: minserve's own, the solutions, or a student's exercise file.
+"""Checks for chapter 01 (the block allocator and the block table), run against any module
+that defines `BlockAllocator` and `BlockTable`: the solutions, or a student's exercise file.
 
 Each check builds a small allocator, works it through a few allocations, shares and
 frees whose outcome can be worked out on paper, and asserts with a message that shows
@@ -13,6 +13,15 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from minserve.course.checks_ch01_block_table import (
+    check_allocator_matches_a_reference_model,
+    check_append_fills_the_last_block_first,
+    check_append_maps_slots_through_the_table,
+    check_fork_shares_every_block,
+    check_forks_free_back_to_an_empty_pool,
+    check_full_shared_blocks_are_not_copied,
+    check_write_to_a_shared_last_block_copies_it,
+)
 from minserve.kvcache import NoFreeBlocksError
 
 
@@ -130,7 +139,7 @@ def check_many_cycles_keep_the_books(impl: ModuleType) -> None:
     )
 
 
-CHECKS = [
+ALLOCATOR_CHECKS = [
     check_allocate_hands_out_distinct_blocks,
     check_allocate_when_exhausted_raises,
     check_free_returns_the_block_for_reuse,
@@ -138,4 +147,52 @@ CHECKS = [
     check_double_free_raises,
     check_free_of_a_never_allocated_block_raises,
     check_many_cycles_keep_the_books,
+    check_allocator_matches_a_reference_model,
 ]
+TABLE_CHECKS = [
+    check_append_maps_slots_through_the_table,
+    check_append_fills_the_last_block_first,
+    check_fork_shares_every_block,
+    check_write_to_a_shared_last_block_copies_it,
+    check_full_shared_blocks_are_not_copied,
+    check_forks_free_back_to_an_empty_pool,
+]
+CHECKS = ALLOCATOR_CHECKS + TABLE_CHECKS
+
+
+def passes(impl: ModuleType, checks: list[Callable[[ModuleType], None]]) -> bool:
+    """Whether `impl` passes every one of `checks` (the notebook's switch from the solution
+    to the student's class)."""
+    try:
+        for check in checks:
+            check(impl)
+    except Exception:  # a failed check, a stub, or a bug: not ready for the engine
+        return False
+    return True
+
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "1.1": (
+        "A block is free exactly when nobody holds it: keep a free list of ids and a "
+        "reference count per id, and keep the two in step.",
+        "allocate: fail with NoFreeBlocksError when the free list is empty, else take an id "
+        "from it and set its count to 1. free: check the id, refuse a count already at 0, "
+        "decrement, and put the id back on the free list when the count reaches 0.",
+        "allocate: if not self._free: raise NoFreeBlocksError(...); b = self._free.popleft(); "
+        "self._refcounts[b] = 1. free: self._check(b); a zero count raises ValueError; "
+        "self._refcounts[b] -= 1; at zero, self._free.append(b).",
+    ),
+    "1.2": (
+        "A token at position p lives in logical block p // block_size at offset "
+        "p % block_size; the table maps logical blocks to physical ones. Forks share blocks "
+        "(one more reference each); a shared block that would be written is copied first.",
+        "slot: look up the physical block, times block_size, plus the offset. append: if the "
+        "last block is shared and partly filled, copy it (_copy_on_write); allocate blocks "
+        "until they cover num_tokens + n; advance num_tokens; return the new tokens' slots "
+        "and the copies. fork: a new table with a copy of the list, sharing each block.",
+        "_copy_on_write: new = allocator.allocate(); allocator.free(old) (your reference "
+        "only); self.blocks[-1] = new; return (old, new). fork: child = BlockTable(size); "
+        "child.blocks = self.blocks[:]; same num_tokens and _allocator; allocator.share(b) "
+        "for each b.",
+    ),
+}

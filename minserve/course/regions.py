@@ -2,7 +2,7 @@
 
 One source of truth: a region is written once, inside minserve, and rendered two ways.
 
-    # >>> exercise 0.1: top-k filtering
+    # >>> exercise 0.5: top-k filtering
     def apply_top_k(logits, top_k):
         \"\"\"Docstring the student keeps.\"\"\"
         # >>> solution
@@ -11,7 +11,7 @@ One source of truth: a region is written once, inside minserve, and rendered two
     # <<< exercise
 
 The *solution* drops the four marker lines; the *stub* replaces each solution block with
-`raise NotImplementedError("Exercise 0.1: top-k filtering")` at the solution markers'
+`raise NotImplementedError("Exercise 0.5: top-k filtering")` at the solution markers'
 indentation, so signatures and docstrings survive.
 """
 
@@ -48,7 +48,7 @@ class Exercise:
 
     @property
     def label(self) -> str:
-        """What the stub raises and the report prints: "Exercise 0.1: top-k filtering"."""
+        """What the stub raises and the report prints: "Exercise 0.5: top-k filtering"."""
         return f"Exercise {self.id}: {self.title}"
 
     @property

@@ -11,8 +11,15 @@ from __future__ import annotations
 from minserve.kvcache.block_allocator import BlockAllocator, NoFreeBlocksError
 
 
+# >>> exercise 1.2: the block table (append with copy-on-write, fork, slot)
 class BlockTable:
-    """One sequence's logical->physical block map (PagedAttention's block table)."""
+    """One sequence's logical->physical block map (PagedAttention's block table).
+
+    `blocks[i]` is the physical block of logical block i; `num_tokens` tokens have slots.
+    You write `append` (slots for new tokens, with copy-on-write of a shared last block),
+    `_copy_on_write`, `fork` (share every block) and `slot` (position -> pool slot); the
+    rest is given. Plug it into the engine with `LLM(block_table_cls=BlockTable)`.
+    """
 
     def __init__(self, block_size: int) -> None:
         if block_size < 1:
@@ -74,23 +81,28 @@ class BlockTable:
             )
         if num_new_tokens == 0:
             return [], []
+        # >>> solution
         copies = [self._copy_on_write(allocator)] if self._needs_copy_on_write() else []
         first = self.num_tokens
         while len(self.blocks) * self.block_size < first + num_new_tokens:
             self.blocks.append(allocator.allocate())
         self.num_tokens += num_new_tokens
         return [self.slot(p) for p in range(first, self.num_tokens)], copies
+        # <<< solution
 
     def _copy_on_write(self, allocator: BlockAllocator) -> tuple[int, int]:
         """Swap the shared last block for a private copy; the pool copies src -> dst."""
+        # >>> solution
         shared, private = self.blocks[-1], allocator.allocate()
         allocator.free(shared)  # our reference only: the sibling keeps the block
         self.blocks[-1] = private
         return shared, private
+        # <<< solution
 
     def fork(self, allocator: BlockAllocator) -> BlockTable:
         """A copy of this table sharing every block (parallel sampling, beam search)."""
         self._use(allocator)
+        # >>> solution
         child = BlockTable(self.block_size)
         child.blocks = list(self.blocks)
         child.num_tokens = self.num_tokens
@@ -98,6 +110,7 @@ class BlockTable:
         for block in self.blocks:
             allocator.share(block)
         return child
+        # <<< solution
 
     def adopt_prefix(self, allocator: BlockAllocator, blocks: list[int]) -> None:
         """Make `blocks`, full blocks holding the KV of this table's first tokens, its first
@@ -148,5 +161,10 @@ class BlockTable:
             raise IndexError(
                 f"position {position} has no slot; this table holds {self.num_tokens} tokens"
             )
+        # >>> solution
         block, offset = divmod(position, self.block_size)
         return self.blocks[block] * self.block_size + offset
+        # <<< solution
+
+
+# <<< exercise

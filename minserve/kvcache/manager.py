@@ -35,11 +35,13 @@ class KVCacheManager:
         swap: HostSwapSpace | None = None,
         prefix_cache: RadixCache | None = None,
         host_tier: HostPrefixTier | None = None,
+        table_cls: type = BlockTable,  # a class shaped like BlockTable (chapter 01)
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         self.allocator = allocator
         self.block_size = block_size
+        self.table_cls = table_cls
         self.swap = swap
         self.prefix_cache = prefix_cache
         self._ops: list[BlockOp] = []  # decided, not yet handed to the worker
@@ -65,7 +67,7 @@ class KVCacheManager:
         return self.allocator.num_free + (self.prefix.num_evictable_blocks if self.prefix else 0)
 
     def new_table(self) -> BlockTable:
-        return BlockTable(self.block_size)
+        return self.table_cls(self.block_size)
 
     def can_append(self, table: BlockTable, num_new_tokens: int) -> bool:
         return table.blocks_needed(num_new_tokens) <= self._num_available

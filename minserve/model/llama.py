@@ -4,7 +4,8 @@ The forward pass takes a *flat* batch: the tokens of every sequence in this step
 to end, each with its own position. Attention is the only place sequences interact, so it
 is delegated to an `AttentionFn` built per step by whoever owns the KV cache (the
 contiguous reference path here, the paged engine later). Parameter names follow Hugging
-Face's, so checkpoints load by name.
+Face's, so checkpoints load by name. The math of RMSNorm, RoPE and SwiGLU is in `ops.py`,
+called through the model's `ModelOps` (`CausalLM.use_ops`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 
 from minserve.kernels import cpu_ops
 from minserve.model.greedy_head import GreedyScreen, screens
+from minserve.model.ops import MODEL_OPS, ModelOps
 from minserve.model_config import ModelConfig
 
 
@@ -40,15 +42,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
+        self.ops: ModelOps = MODEL_OPS  # `CausalLM.use_ops`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.c_kernels and cpu_ops.applies(x, self.weight):  # fp32 on a CPU: one C call
-            return cpu_ops.rms_norm(x, self.weight, self.eps)
-        if x.dtype == torch.float32:  # torch's own rms_norm: the same math, one call not six
+        if self.ops is MODEL_OPS and self.c_kernels and cpu_ops.applies(x, self.weight):
+            return cpu_ops.rms_norm(x, self.weight, self.eps)  # fp32 on a CPU: one C call
+        if self.ops is MODEL_OPS and x.dtype == torch.float32:  # the same math, one call
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -86,12 +87,13 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
         self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
+        self.ops: ModelOps = MODEL_OPS  # `CausalLM.use_ops`
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """positions [T] -> the step's rotation: cos and sin [T, 1, head_dim] each."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2]
         angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
-        return Rotation(angles.cos().to(dtype), angles.sin().to(dtype), self.c_kernels)
+        return Rotation(angles.cos().to(dtype), angles.sin().to(dtype), self.c_kernels, self.ops)
 
 
 @dataclass(frozen=True)
@@ -101,13 +103,13 @@ class Rotation:
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor  # [T, 1, head_dim]
     c_kernels: bool = True  # RotaryEmbedding's switch: RoPE in C where it applies
+    ops: ModelOps = MODEL_OPS
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, heads, head_dim] -> x rotated by each token's position."""
-        if self.c_kernels and cpu_ops.applies(x, self.cos):  # fp32 on a CPU: one C call
-            return cpu_ops.rope(x, self.cos, self.sin)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * self.cos + torch.cat((-x2, x1), dim=-1) * self.sin
+        if self.ops is MODEL_OPS and self.c_kernels and cpu_ops.applies(x, self.cos):
+            return cpu_ops.rope(x, self.cos, self.sin)  # fp32 on a CPU: one C call
+        return self.ops.apply_rope(x, self.cos, self.sin)
 
 
 class SelfAttention(nn.Module):
@@ -173,16 +175,17 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
         self.gate_up_proj: nn.Linear | None = None  # gate and up in one (`fused_projections.py`)
         self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
+        self.ops: ModelOps = MODEL_OPS  # `CausalLM.use_ops`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate_up = self.gate_up_proj(x)  # [T, 2 * inner]: gate, then up
-            if self.c_kernels and cpu_ops.applies(gate_up):  # fp32 on a CPU: one C call
-                return self.down_proj(cpu_ops.silu_mul(gate_up))
+            if self.ops is MODEL_OPS and self.c_kernels and cpu_ops.applies(gate_up):
+                return self.down_proj(cpu_ops.silu_mul(gate_up))  # fp32 on a CPU: one C call
             gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.swiglu(gate, up))
 
 
 class DecoderLayer(nn.Module):
@@ -225,6 +228,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.greedy_screen: GreedyScreen | None = None  # set by the loader on a CPU
         self.c_kernels = True  # the execution config's switch, for the screen
+        self.ops: ModelOps = MODEL_OPS  # what the layers compute with (`use_ops`)
 
     def use_c_kernels(self, on: bool) -> None:
         """Switch the C kernels in every layer on (where they apply) or off (torch code
@@ -232,6 +236,14 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if hasattr(module, "c_kernels"):
                 module.c_kernels = on
+
+    def use_ops(self, ops: ModelOps) -> None:
+        """Compute RMSNorm, RoPE and SwiGLU with `ops` in every layer (MODEL_OPS: minserve's
+        own, with the C kernels where they apply; others: their functions, always)."""
+        self.ops = ops
+        for module in self.modules():
+            if hasattr(module, "ops"):
+                module.ops = ops
 
     def forward(
         self,

@@ -55,7 +55,7 @@ class SampleResult:
     failed: dict[int, str] = field(default_factory=dict)
 
 
-# >>> exercise 0.1: top-k filtering
+# >>> exercise 0.5: top-k filtering
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     """Keep the k largest logits of each row and set the others to -inf.
 
@@ -78,7 +78,7 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 # <<< exercise
 
 
-# >>> exercise 0.2: top-p (nucleus) filtering
+# >>> exercise 0.6: top-p (nucleus) filtering
 def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Keep the nucleus: the fewest most-probable tokens whose probabilities sum to >= p.
 
@@ -105,7 +105,7 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 # <<< exercise
 
 
-# >>> exercise 0.3: min-p filtering
+# >>> exercise 0.7: min-p filtering
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Keep the tokens at least `min_p` times as probable as the most probable one.
 

@@ -49,6 +49,15 @@ def measure_memory_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> 
     return data.numel() * data.element_size() / best
 
 
+def measure_matmul_flops(size: int = 1024, repeats: int = 5) -> float:
+    """Floating-point operations per second of an fp32 [size, size] @ [size, size] matmul
+    (2 * size^3 of them): the roofline's compute ceiling, best of `repeats`."""
+    a = torch.randn(size, size)  # [size, size]
+    a @ a  # warm up
+    best = min(seconds(lambda: a @ a) for _ in range(repeats))
+    return 2 * size**3 / best
+
+
 def weight_bytes(model: CausalLM) -> int:
     """Bytes of weights one decode step reads: every parameter once.
 
