@@ -215,18 +215,21 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="assembling_the_server",
         title="Assembling the server",
         module="ch09_server",
-        sources=("router/policy.py", "output_processor.py"),
+        sources=("router/policy.py", "output_processor.py", "bench/serve_metrics.py"),
         header=(
-            '"""Chapter 09, Assembling the server: routing by cached prefix, and streaming.\n\n'
+            '"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.\n\n'
             "You write `CacheAware.choose`, the router's pick of a replica (the longest prefix\n"
             "it is expected to hold, unless that replica is too busy), then\n"
             "`SampleOutput.update`, the output processor's turn of new tokens into the text\n"
-            "delta a stream sends. Plug your policy into the router with\n"
+            "delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps\n"
+            "and the goodput of a run at an SLO. Plug your policy into the router with\n"
             "`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into\n"
-            "the engine with `LLM(sample_output_cls=SampleOutput)`.\n"
+            "the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and\n"
+            "goodput the records of a load test (`run_load(...).records`).\n"
             '"""\n\n'
             "from collections.abc import Sequence\n"
             "from dataclasses import dataclass\n\n"
+            "from minserve.bench.serve_metrics import RequestRecord\n"
             "from minserve.messages import NewTokens\n"
             "from minserve.model.detokenizer import IncrementalDetokenizer\n"
             "from minserve.outputs import CompletionOutput\n"
