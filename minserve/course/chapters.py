@@ -188,18 +188,28 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="disaggregating_prefill_and_decode",
         title="Disaggregating prefill and decode",
         module="ch08_transfer_rule",
-        sources=("disagg/transfer_rule.py", "disagg/pd_worker.py"),
+        sources=("disagg/transfer_rule.py", "disagg/hand_off.py"),
         header=(
             '"""Chapter 08, Disaggregating prefill and decode: transfer or recompute, and the\n'
-            "decode side of the KV hand-off.\n\n"
+            "KV hand-off, both sides.\n\n"
             "After a prefill, a request's KV cache either travels to the decode instance\n"
             "(latency + bytes / bandwidth) or the decode instance computes the prompt again\n"
             "(prompt tokens x seconds per prefill token). You write `TransferRule.decide`,\n"
-            "then `admit`: the decode instance takes an offered request, blocks first.\n"
+            "then `admit` (the decode instance takes an offered request, blocks first), then\n"
+            "the hand-off's two sides: `send_prefilled` (offer, acks, blocks, free) and\n"
+            "`receive_prefilled` (offers, admit, ack or refuse with a reason, blocks in).\n"
+            "Plug them into the pair with `PrefillDecodePair(model, admit=admit,\n"
+            "send=send_prefilled, receive=receive_prefilled)`.\n"
             '"""\n\n'
             "from dataclasses import dataclass\n\n"
             "from minserve.disagg.engine_hooks import add_prefilled  # noqa: F401\n"
-            "from minserve.disagg.kv_transfer import KVOffer\n"
+            "from minserve.disagg.hand_off import (  # noqa: F401  (your code will want them)\n"
+            "    Admit,\n"
+            "    HandOffLostError,\n"
+            "    receive_into_blocks,\n"
+            "    refusal,\n"
+            ")\n"
+            "from minserve.disagg.kv_transfer import KVAck, KVOffer, KVTransfer\n"
             "from minserve.disagg.transfer_rule import (\n"
             "    POLICIES,\n"
             "    TransferDecision,\n"
