@@ -229,6 +229,7 @@ class _ScriptedDecode:
 def _send(impl: ModuleType, acks: list[KVAck] | None, with_kv: bool = True) -> tuple:
     """Run the student's `send_prefilled` on one prefilled request; (peer, error, blocks)."""
     engine = _prefill_engine()
+    impl.send_prefilled(engine, _ScriptedDecode([]), [], [])  # a stub stops here, cheaply
     free = engine.kv.allocator.num_free
     seq = _prefilled("sent")
     blocks = list(seq.block_table.blocks)
@@ -317,6 +318,7 @@ def _receive(impl: ModuleType, with_kv: bool, hold: int = 0, **script: Any) -> t
     from minserve.disagg.engine_hooks import add_prefilled
 
     engine = _decode_engine()
+    impl.receive_prefilled(engine, _ScriptedPrefill([], None), _solution_admit())  # a stub stops
     free = engine.kv.allocator.num_free
     seq = _prefilled("handed")
     prefill = _prefill_engine()
@@ -442,3 +444,55 @@ CHECKS = [
     check_the_receiver_drops_what_it_admitted_when_the_kv_never_comes,
     check_the_receiver_drops_what_it_admitted_when_the_ack_fails,
 ]
+
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "8.1": (
+        "Two ways to give the decode side a prompt's KV: move the bytes over the link, or "
+        "compute them again. Estimate the seconds each takes and take the cheaper.",
+        "Compute both estimates first (transfer from the link's latency and bandwidth, "
+        "recompute from the measured seconds per prefill token, infinite before any was "
+        "measured), then let the policy decide (forced, or the cheaper with ties to "
+        "transfer), then log one line and return a TransferDecision.",
+        "transfer_s = self.latency_s + kv_bytes / self.bandwidth_bytes_s; when "
+        "self.recompute_s_per_token is None use float('inf'); the choice is policy "
+        "'transfer', or policy 'auto' with transfer_s <= recompute_s; log.info(...) names "
+        "the request id and 'transfer' or 'recompute'.",
+    ),
+    "8.2": (
+        "Blocks come before bytes: the decode side reserves room for the whole prompt "
+        "before the sender moves anything, and a pool without room is no error: the "
+        "request is taken anyway and its prompt computed here.",
+        "If the offer carries KV, try add_prefilled with with_kv=True and answer True; "
+        "catch MemoryError (no room). In every other case, add_prefilled with "
+        "with_kv=False and answer False.",
+        "args = (offer.request_id, list(offer.prompt_token_ids), offer.params, "
+        "offer.first_token); inside `if offer.with_kv:` a try/except MemoryError around "
+        "the with_kv=True call; fall through to the with_kv=False call.",
+    ),
+    "8.3": (
+        "The sender holds the only copy of the KV until the receiver has acknowledged it and "
+        "the bytes are out; after that, and also when the link fails, its blocks must go "
+        "back to the pool, or every failure leaks memory.",
+        "Wrap the whole exchange in try/finally: inside, offer (this waits for the acks) "
+        "and send the blocks of each accepted request; in the finally, free every "
+        "sequence's detached blocks. Do not catch the link's error: the caller reports "
+        "the request lost.",
+        "acks = transfer.offer(offers); for seq, ack in zip(seqs, acks): if ack.accepted, "
+        "transfer.send_blocks(engine.worker.read_blocks(seq.block_table.blocks)); finally: "
+        "engine.scheduler.free_detached(seq) for each seq.",
+    ),
+    "8.4": (
+        "The receiver admits before it acknowledges, so an accepted offer always has blocks "
+        "to land in; it answers every offer, saying why when it refuses; and if the link "
+        "fails after admitting, it drops what it admitted so no block stays held.",
+        "Three phases. Receive the offers (a failure here lost nothing: HandOffLostError "
+        "with no ids). Admit each and build one KVAck per offer. Acknowledge and receive "
+        "the accepted requests' blocks inside a try: on RuntimeError abort every offered "
+        "request, then raise HandOffLostError with their ids and the error's text.",
+        "admitted = [admit(engine, o) for o in offers]; KVAck(o.request_id, accepted, '' "
+        "if accepted else refusal(engine, o)); after transfer.acknowledge(acks), "
+        "receive_into_blocks(engine, transfer, seq) for the accepted ones; return "
+        "(seq, ack) pairs.",
+    ),
+}
