@@ -1,21 +1,31 @@
 # Your workspace for chapter 08 (Disaggregating prefill and decode): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 08` from the repository root.
-# Generated from minserve/disagg/transfer_rule.py, minserve/disagg/pd_worker.py by `python -m minserve.course.generate`.
-# stub fingerprint: 8be50053b7d3 (lets the generator tell your edits from a stale stub)
+# Generated from minserve/disagg/transfer_rule.py, minserve/disagg/hand_off.py by `python -m minserve.course.generate`.
+# stub fingerprint: ce110f5cb116 (lets the generator tell your edits from a stale stub)
 """Chapter 08, Disaggregating prefill and decode: transfer or recompute, and the
-decode side of the KV hand-off.
+KV hand-off, both sides.
 
 After a prefill, a request's KV cache either travels to the decode instance
 (latency + bytes / bandwidth) or the decode instance computes the prompt again
 (prompt tokens x seconds per prefill token). You write `TransferRule.decide`,
-then `admit`: the decode instance takes an offered request, blocks first.
+then `admit` (the decode instance takes an offered request, blocks first), then
+the hand-off's two sides: `send_prefilled` (offer, acks, blocks, free) and
+`receive_prefilled` (offers, admit, ack or refuse with a reason, blocks in).
+Plug them into the pair with `PrefillDecodePair(model, admit=admit,
+send=send_prefilled, receive=receive_prefilled)`.
 """
 
 from dataclasses import dataclass
 
 from minserve.disagg.engine_hooks import add_prefilled  # noqa: F401
-from minserve.disagg.kv_transfer import KVOffer
+from minserve.disagg.hand_off import (  # noqa: F401  (your code will want them)
+    Admit,
+    HandOffLostError,
+    receive_into_blocks,
+    refusal,
+)
+from minserve.disagg.kv_transfer import KVAck, KVOffer, KVTransfer
 from minserve.disagg.transfer_rule import (
     POLICIES,
     TransferDecision,
@@ -68,3 +78,35 @@ def admit(engine: LLMEngine, offer: KVOffer) -> tuple[Sequence, bool]:
     An offer without KV (the rule chose recompute) is always taken that way.
     """
     raise NotImplementedError("Exercise 8.2: the decode side of the KV hand-off")
+
+
+# Exercise 8.3: the sender's side of the KV hand-off
+def send_prefilled(
+    engine: LLMEngine, transfer: KVTransfer, seqs: list[Sequence], offers: list[KVOffer]
+) -> list[KVAck]:
+    """Hand `seqs` (detached, prefilled, described by `offers`) to the decode side.
+
+    Offer them all (`transfer.offer` waits for the acks), then send each accepted request's
+    blocks (`engine.worker.read_blocks(seq.block_table.blocks)` to `transfer.send_blocks`).
+    Free this engine's copies (`engine.scheduler.free_detached(seq)`) in every case: once
+    the blocks went out, and also when the link fails (the error goes on to the caller).
+    Returns the acks.
+    """
+    raise NotImplementedError("Exercise 8.3: the sender's side of the KV hand-off")
+
+
+# Exercise 8.4: the receiver's side of the KV hand-off
+def receive_prefilled(
+    engine: LLMEngine, transfer: KVTransfer, admit: Admit = admit
+) -> list[tuple[Sequence, KVAck]]:
+    """Take the sender's offers into `engine`; each admitted sequence with its ack.
+
+    `transfer.receive_offers()`, then `admit(engine, offer)` each (blocks first), then one
+    `transfer.acknowledge(acks)`: a `KVAck(request_id, accepted, reason)` per offer, in
+    order, the reason of a refusal from `refusal(engine, offer)`. Then the KV of each
+    accepted request, `receive_into_blocks(engine, transfer, seq)`. When the link fails
+    (RuntimeError) before any offer arrived, raise `HandOffLostError([], cause)`; after
+    admitting, first abort every offered request here (`engine.abort_request`: frees its
+    blocks), then raise `HandOffLostError(their ids, cause)`.
+    """
+    raise NotImplementedError("Exercise 8.4: the receiver's side of the KV hand-off")

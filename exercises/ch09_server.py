@@ -1,21 +1,24 @@
 # Your workspace for chapter 09 (Assembling the server): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 09` from the repository root.
-# Generated from minserve/router/policy.py, minserve/output_processor.py by `python -m minserve.course.generate`.
-# stub fingerprint: 03223598c178 (lets the generator tell your edits from a stale stub)
-"""Chapter 09, Assembling the server: routing by cached prefix, and streaming.
+# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py by `python -m minserve.course.generate`.
+# stub fingerprint: 658ae62e88cf (lets the generator tell your edits from a stale stub)
+"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.
 
 You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
 it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
-delta a stream sends. Plug your policy into the router with
+delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
+and the goodput of a run at an SLO. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
-the engine with `LLM(sample_output_cls=SampleOutput)`.
+the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and
+goodput the records of a load test (`run_load(...).records`).
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minserve.bench.serve_metrics import RequestRecord
 from minserve.messages import NewTokens
 from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
@@ -90,3 +93,41 @@ class SampleOutput:
         logprobs). Record the finish on `self`.
         """
         raise NotImplementedError("Exercise 9.2: from new token ids to a streamed delta")
+
+
+# Exercise 9.3: TTFT, ITL and TPOT from timestamps
+def request_timings(sent_at: float, chunk_at: Sequence[float]) -> tuple[float, list[float], float]:
+    """(TTFT, ITL gaps, E2E latency) of a request sent at `sent_at` whose chunks with a
+    choice arrived at `chunk_at` (ascending, at least one; seconds from one clock).
+
+    TTFT runs from sending to the first chunk, each ITL gap between two consecutive
+    chunks, E2E from sending to the last chunk.
+    """
+    raise NotImplementedError("Exercise 9.3: TTFT, ITL and TPOT from timestamps")
+
+
+def time_per_output_token(ttft: float, latency: float, output_tokens: int) -> float:
+    """TPOT: the decode time after the first token, per token after the first.
+
+    A request with one output token (or none) has no decode: its TPOT is 0, as in vLLM.
+    """
+    raise NotImplementedError("Exercise 9.3: TTFT, ITL and TPOT from timestamps")
+
+
+# Exercise 9.4: goodput at an SLO
+def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
+    """Whether a request met every SLO it is held to: {"ttft" | "tpot" | "e2el": seconds}.
+
+    A value equal to its limit meets it; the request's E2E latency is `record.latency`.
+    """
+    raise NotImplementedError("Exercise 9.4: goodput at an SLO")
+
+
+def request_goodput(
+    records: Sequence[RequestRecord], duration_s: float, slos: dict[str, float]
+) -> float:
+    """Goodput (DistServe): completed requests that met every SLO, per second of the run.
+
+    A failed request (`record.success` False) never counts, whatever its timings.
+    """
+    raise NotImplementedError("Exercise 9.4: goodput at an SLO")

@@ -1,18 +1,21 @@
-# Generated from minserve/router/policy.py, minserve/output_processor.py by `python -m minserve.course.generate`;
+# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 09, Assembling the server: routing by cached prefix, and streaming.
+"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.
 
 You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
 it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
-delta a stream sends. Plug your policy into the router with
+delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
+and the goodput of a run at an SLO. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
-the engine with `LLM(sample_output_cls=SampleOutput)`.
+the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and
+goodput the records of a load test (`run_load(...).records`).
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minserve.bench.serve_metrics import RequestRecord
 from minserve.messages import NewTokens
 from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
@@ -115,3 +118,47 @@ class SampleOutput:
             self.cumulative_logprob += sum(lp[t] for lp, t in zip(logprobs, token_ids))
             cumulative = self.cumulative_logprob
         return CompletionOutput(self.index, text, token_ids, finish, reason, logprobs, cumulative)
+
+
+# Exercise 9.3: TTFT, ITL and TPOT from timestamps
+def request_timings(sent_at: float, chunk_at: Sequence[float]) -> tuple[float, list[float], float]:
+    """(TTFT, ITL gaps, E2E latency) of a request sent at `sent_at` whose chunks with a
+    choice arrived at `chunk_at` (ascending, at least one; seconds from one clock).
+
+    TTFT runs from sending to the first chunk, each ITL gap between two consecutive
+    chunks, E2E from sending to the last chunk.
+    """
+    if not chunk_at:
+        raise ValueError("a request without a chunk has no timings (it never got a token)")
+    gaps = [later - earlier for earlier, later in zip(chunk_at, chunk_at[1:])]
+    return chunk_at[0] - sent_at, gaps, chunk_at[-1] - sent_at
+
+
+def time_per_output_token(ttft: float, latency: float, output_tokens: int) -> float:
+    """TPOT: the decode time after the first token, per token after the first.
+
+    A request with one output token (or none) has no decode: its TPOT is 0, as in vLLM.
+    """
+    if output_tokens <= 1:
+        return 0.0
+    return (latency - ttft) / (output_tokens - 1)
+
+
+# Exercise 9.4: goodput at an SLO
+def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
+    """Whether a request met every SLO it is held to: {"ttft" | "tpot" | "e2el": seconds}.
+
+    A value equal to its limit meets it; the request's E2E latency is `record.latency`.
+    """
+    values = {"ttft": record.ttft, "tpot": record.tpot, "e2el": record.latency}
+    return all(values[name] <= limit for name, limit in slos.items())
+
+
+def request_goodput(
+    records: Sequence[RequestRecord], duration_s: float, slos: dict[str, float]
+) -> float:
+    """Goodput (DistServe): completed requests that met every SLO, per second of the run.
+
+    A failed request (`record.success` False) never counts, whatever its timings.
+    """
+    return sum(r.success and meets_slos(r, slos) for r in records) / duration_s

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from minserve.bench.serve_metrics import RequestRecord
+from minserve.bench.serve_metrics import RequestRecord, request_timings
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ async def send(
 ) -> tuple[RequestRecord, str]:
     """POST one streamed request; return its record and the generated text."""
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    record, pieces, events = RequestRecord(), [], 0
-    start = last = time.perf_counter()
+    record, pieces = RequestRecord(), []
+    start = record.sent_at = time.perf_counter()
     try:
         async with client.stream("POST", endpoint.base_url + path, json=body,
                                  headers=endpoint.headers) as response:  # fmt: skip
@@ -67,25 +67,21 @@ async def send(
                     return record, ""
                 now = time.perf_counter()
                 if chunk.get("choices"):  # a token event (its text may be empty)
-                    if not events:
-                        record.ttft = now - start
-                    else:
-                        record.itl.append(now - last)
-                    events += 1
+                    record.chunk_at.append(now)
                     pieces.append(_text(chunk))
-                    last = now
                 if chunk.get("usage"):
                     record.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     record.output_tokens = chunk["usage"]["completion_tokens"]
     except httpx.HTTPError as error:
         record.error = f"{type(error).__name__}: {error}"
         return record, ""
-    record.latency = last - start
-    record.success = events > 0
+    record.success = bool(record.chunk_at)
     if not record.success:
         record.error = "the stream ended without a chunk with choices (no first token)"
+        return record, ""
+    record.ttft, record.itl, record.latency = request_timings(start, record.chunk_at)
     if not record.output_tokens:  # a server without usage: count chunks
-        record.output_tokens = events
+        record.output_tokens = len(record.chunk_at)
     return record, "".join(pieces)
 
 

@@ -31,12 +31,44 @@ class RequestRecord:
     success: bool = False
     error: str = ""
 
+    sent_at: float = 0.0  # when the request went out
+    chunk_at: list[float] = field(default_factory=list)  # when each chunk with a choice came
+
     @property
     def tpot(self) -> float:
         """Decode time per token after the first; 0 with one token or fewer (vLLM)."""
-        if self.output_tokens <= 1:
-            return 0.0
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
+        return time_per_output_token(self.ttft, self.latency, self.output_tokens)
+
+
+# >>> exercise 9.3: TTFT, ITL and TPOT from timestamps
+def request_timings(sent_at: float, chunk_at: Sequence[float]) -> tuple[float, list[float], float]:
+    """(TTFT, ITL gaps, E2E latency) of a request sent at `sent_at` whose chunks with a
+    choice arrived at `chunk_at` (ascending, at least one; seconds from one clock).
+
+    TTFT runs from sending to the first chunk, each ITL gap between two consecutive
+    chunks, E2E from sending to the last chunk.
+    """
+    # >>> solution
+    if not chunk_at:
+        raise ValueError("a request without a chunk has no timings (it never got a token)")
+    gaps = [later - earlier for earlier, later in zip(chunk_at, chunk_at[1:])]
+    return chunk_at[0] - sent_at, gaps, chunk_at[-1] - sent_at
+    # <<< solution
+
+
+def time_per_output_token(ttft: float, latency: float, output_tokens: int) -> float:
+    """TPOT: the decode time after the first token, per token after the first.
+
+    A request with one output token (or none) has no decode: its TPOT is 0, as in vLLM.
+    """
+    # >>> solution
+    if output_tokens <= 1:
+        return 0.0
+    return (latency - ttft) / (output_tokens - 1)
+    # <<< solution
+
+
+# <<< exercise
 
 
 def parse_goodput(items: Sequence[str]) -> dict[str, float]:
@@ -57,9 +89,31 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     return slos
 
 
+# >>> exercise 9.4: goodput at an SLO
 def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
+    """Whether a request met every SLO it is held to: {"ttft" | "tpot" | "e2el": seconds}.
+
+    A value equal to its limit meets it; the request's E2E latency is `record.latency`.
+    """
+    # >>> solution
     values = {"ttft": record.ttft, "tpot": record.tpot, "e2el": record.latency}
     return all(values[name] <= limit for name, limit in slos.items())
+    # <<< solution
+
+
+def request_goodput(
+    records: Sequence[RequestRecord], duration_s: float, slos: dict[str, float]
+) -> float:
+    """Goodput (DistServe): completed requests that met every SLO, per second of the run.
+
+    A failed request (`record.success` False) never counts, whatever its timings.
+    """
+    # >>> solution
+    return sum(r.success and meets_slos(r, slos) for r in records) / duration_s
+    # <<< solution
+
+
+# <<< exercise
 
 
 def distribution(values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
@@ -87,7 +141,7 @@ def summarize(
         "request_throughput": len(done) / duration_s,
         "output_throughput": output_tokens / duration_s,
         "total_token_throughput": (input_tokens + output_tokens) / duration_s,
-        "request_goodput": sum(meets_slos(r, slos) for r in done) / duration_s if slos else None,
+        "request_goodput": request_goodput(records, duration_s, slos) if slos else None,
         "slos_ms": {name: s * 1000 for name, s in slos.items()},
         "ttft_ms": distribution([r.ttft for r in done], percentiles),
         "tpot_ms": distribution([r.tpot for r in done if r.output_tokens > 1], percentiles),

@@ -223,18 +223,28 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="disaggregating_prefill_and_decode",
         title="Disaggregating prefill and decode",
         module="ch08_transfer_rule",
-        sources=("disagg/transfer_rule.py", "disagg/pd_worker.py"),
+        sources=("disagg/transfer_rule.py", "disagg/hand_off.py"),
         header=(
             '"""Chapter 08, Disaggregating prefill and decode: transfer or recompute, and the\n'
-            "decode side of the KV hand-off.\n\n"
+            "KV hand-off, both sides.\n\n"
             "After a prefill, a request's KV cache either travels to the decode instance\n"
             "(latency + bytes / bandwidth) or the decode instance computes the prompt again\n"
             "(prompt tokens x seconds per prefill token). You write `TransferRule.decide`,\n"
-            "then `admit`: the decode instance takes an offered request, blocks first.\n"
+            "then `admit` (the decode instance takes an offered request, blocks first), then\n"
+            "the hand-off's two sides: `send_prefilled` (offer, acks, blocks, free) and\n"
+            "`receive_prefilled` (offers, admit, ack or refuse with a reason, blocks in).\n"
+            "Plug them into the pair with `PrefillDecodePair(model, admit=admit,\n"
+            "send=send_prefilled, receive=receive_prefilled)`.\n"
             '"""\n\n'
             "from dataclasses import dataclass\n\n"
             "from minserve.disagg.engine_hooks import add_prefilled  # noqa: F401\n"
-            "from minserve.disagg.kv_transfer import KVOffer\n"
+            "from minserve.disagg.hand_off import (  # noqa: F401  (your code will want them)\n"
+            "    Admit,\n"
+            "    HandOffLostError,\n"
+            "    receive_into_blocks,\n"
+            "    refusal,\n"
+            ")\n"
+            "from minserve.disagg.kv_transfer import KVAck, KVOffer, KVTransfer\n"
             "from minserve.disagg.transfer_rule import (\n"
             "    POLICIES,\n"
             "    TransferDecision,\n"
@@ -250,18 +260,21 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="assembling_the_server",
         title="Assembling the server",
         module="ch09_server",
-        sources=("router/policy.py", "output_processor.py"),
+        sources=("router/policy.py", "output_processor.py", "bench/serve_metrics.py"),
         header=(
-            '"""Chapter 09, Assembling the server: routing by cached prefix, and streaming.\n\n'
+            '"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.\n\n'
             "You write `CacheAware.choose`, the router's pick of a replica (the longest prefix\n"
             "it is expected to hold, unless that replica is too busy), then\n"
             "`SampleOutput.update`, the output processor's turn of new tokens into the text\n"
-            "delta a stream sends. Plug your policy into the router with\n"
+            "delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps\n"
+            "and the goodput of a run at an SLO. Plug your policy into the router with\n"
             "`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into\n"
-            "the engine with `LLM(sample_output_cls=SampleOutput)`.\n"
+            "the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and\n"
+            "goodput the records of a load test (`run_load(...).records`).\n"
             '"""\n\n'
             "from collections.abc import Sequence\n"
             "from dataclasses import dataclass\n\n"
+            "from minserve.bench.serve_metrics import RequestRecord\n"
             "from minserve.messages import NewTokens\n"
             "from minserve.model.detokenizer import IncrementalDetokenizer\n"
             "from minserve.outputs import CompletionOutput\n"

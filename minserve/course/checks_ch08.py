@@ -4,6 +4,12 @@
 The link and the prefill speed are round numbers so every estimate can be worked out on
 paper: latency 0.5 s, bandwidth 1000 B/s, so 500 KV bytes take 0.5 + 500 / 1000 = 1.0 s;
 recomputing costs 0.25 s per prompt token.
+
+The hand-off checks (8.3, 8.4) run one side on real SmolLM2 engines (a prefill engine
+with 16 blocks, a decode engine with 4, blocks of 16 tokens) against a scripted peer that
+can drop an acknowledgement, refuse an offer, or never send the blocks; after each, no
+block is left held on either side, and a request that arrived decodes to the tokens the
+engine gives it colocated.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import math
 from types import ModuleType
 from typing import Any
 
-from minserve.disagg.kv_transfer import KVOffer
+import torch
+
+from minserve.disagg.kv_transfer import KVAck, KVOffer
 from minserve.sampling_params import SamplingParams
 
 LATENCY_S, BANDWIDTH, KV_BYTES, S_PER_TOKEN = 0.5, 1000.0, 500, 0.25
@@ -98,10 +106,14 @@ def check_each_decision_is_logged(impl: ModuleType) -> None:
 
 
 @functools.cache
-def _decode_engine() -> Any:
+def _decode_llm() -> Any:
     from minserve.llm import LLM
 
-    return LLM(num_blocks=4, block_size=16).engine  # the bundled SmolLM2
+    return LLM(num_blocks=4, block_size=16)  # the bundled SmolLM2
+
+
+def _decode_engine() -> Any:
+    return _decode_llm().engine
 
 
 def _offer(name: str, num_tokens: int, with_kv: bool) -> KVOffer:
@@ -161,6 +173,257 @@ def check_an_offer_without_kv_is_recomputed(impl: ModuleType) -> None:
     )
 
 
+# --- exercises 8.3 and 8.4: the hand-off's two sides, each against a scripted peer ---
+
+PARAMS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+PROMPT = list(range(100, 120))  # 20 tokens: 2 blocks of 16
+
+
+@functools.cache
+def _prefill_engine() -> Any:
+    from minserve.llm import LLM
+
+    return LLM(_decode_llm().loaded, num_blocks=16, block_size=16).engine
+
+
+@functools.cache
+def _colocated() -> tuple[int, ...]:
+    """PROMPT's greedy tokens, served by one engine start to finish: the oracle."""
+    engine = _prefill_engine()
+    engine.add_request("colocated", None, PROMPT, PARAMS)
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            tokens += output.outputs[0].token_ids
+    return tuple(tokens)
+
+
+def _prefilled(request_id: str) -> Any:
+    """A request prefilled on the prefill engine and detached, holding its 2 blocks."""
+    from minserve.disagg.engine_hooks import detach_prefilled
+
+    engine = _prefill_engine()
+    engine.add_request(request_id, None, PROMPT, PARAMS)
+    while not engine.step():
+        pass
+    return detach_prefilled(engine, request_id)
+
+
+class _ScriptedDecode:
+    """The decode side as the sender sees it: answers offers with `acks` (None: the ack
+    never comes) and records the blocks sent."""
+
+    def __init__(self, acks: list[KVAck] | None) -> None:
+        self.acks, self.sent, self.offers = acks, [], []
+
+    def offer(self, offers: list[KVOffer]) -> list[KVAck]:
+        self.offers += offers
+        if self.acks is None:
+            raise RuntimeError("no acknowledgement within the step timeout")
+        return self.acks
+
+    def send_blocks(self, kv: torch.Tensor) -> None:
+        self.sent.append(kv.clone())
+
+
+def _send(impl: ModuleType, acks: list[KVAck] | None, with_kv: bool = True) -> tuple:
+    """Run the student's `send_prefilled` on one prefilled request; (peer, error, blocks)."""
+    engine = _prefill_engine()
+    impl.send_prefilled(engine, _ScriptedDecode([]), [], [])  # a stub stops here, cheaply
+    free = engine.kv.allocator.num_free
+    seq = _prefilled("sent")
+    blocks = list(seq.block_table.blocks)
+    kv = engine.worker.read_blocks(blocks)
+    peer, error = _ScriptedDecode(acks), None
+    try:
+        got = impl.send_prefilled(engine, peer, [seq], [KVOffer.of(seq, with_kv)])
+    except NotImplementedError:
+        engine.scheduler.free_detached(seq)  # a stub: free for it, and say so
+        raise
+    except RuntimeError as e:
+        error, got = e, None
+    left = free - engine.kv.allocator.num_free
+    assert left == 0, (
+        f"after the hand-off the prefill engine should hold none of the request's "
+        f"{len(blocks)} blocks (free_detached every sequence, also when the link fails); "
+        f"{left} are still held"
+    )
+    return peer, error, got, kv
+
+
+def check_the_sender_sends_accepted_kv_and_frees_its_blocks(impl: ModuleType) -> None:
+    """Accepted: the request's 2 blocks go out as one tensor, then its blocks are freed."""
+    ack = KVAck("sent", True)
+    peer, error, got, kv = _send(impl, [ack])
+    assert error is None and got == [ack], f"expected the acks [{ack}] back, got {got!r}"
+    assert len(peer.offers) == 1 and peer.offers[0].request_id == "sent", (
+        f"expected one offer for 'sent', got {peer.offers}"
+    )
+    assert len(peer.sent) == 1 and torch.equal(peer.sent[0], kv), (
+        f"expected one send of the request's blocks, a tensor of shape {tuple(kv.shape)} "
+        f"(read_blocks of its block table); got {[tuple(t.shape) for t in peer.sent]}"
+    )
+
+
+def check_the_sender_sends_nothing_for_a_refused_offer(impl: ModuleType) -> None:
+    """Refused (the decode pool is full): no bytes move, and the blocks are freed all the same."""
+    ack = KVAck("sent", False, "no room for 20 transferred tokens")
+    peer, error, got, _ = _send(impl, [ack])
+    assert error is None and got == [ack], f"expected the acks [{ack}] back, got {got!r}"
+    assert peer.sent == [], f"a refused offer sends no KV; {len(peer.sent)} tensors were sent"
+
+
+def check_the_sender_frees_its_blocks_when_the_ack_never_comes(impl: ModuleType) -> None:
+    """A dropped acknowledgement: the error reaches the caller, and no block stays held."""
+    peer, error, _, _ = _send(impl, None)
+    assert isinstance(error, RuntimeError), (
+        "when transfer.offer raises (no ack), send_prefilled should let the error reach the "
+        f"caller, who reports the request lost; it returned instead ({error!r})"
+    )
+    assert peer.sent == [], "no KV may move without an acknowledgement"
+
+
+class _ScriptedPrefill:
+    """The prefill side as the receiver sees it: `offers` (None: the link fails first), the
+    blocks it sends (None: they never come), and whether acknowledging fails."""
+
+    def __init__(self, offers: list[KVOffer] | None, kv: torch.Tensor | None,
+                 ack_fails: bool = False) -> None:  # fmt: skip
+        self.offers, self.kv, self.ack_fails, self.acks = offers, kv, ack_fails, []
+
+    def receive_offers(self) -> list[KVOffer]:
+        if self.offers is None:
+            raise RuntimeError("the prefill rank closed its socket")
+        return self.offers
+
+    def acknowledge(self, acks: list[KVAck]) -> None:
+        if self.ack_fails:
+            raise RuntimeError("the acknowledgement could not be sent")
+        self.acks += acks
+
+    def receive_blocks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.kv is None:
+            raise RuntimeError("the blocks never came")
+        assert tuple(self.kv.shape) == tuple(shape), (
+            f"receive_blocks was asked for shape {tuple(shape)}; the request's blocks have "
+            f"shape {tuple(self.kv.shape)}"
+        )
+        return self.kv
+
+
+def _receive(impl: ModuleType, with_kv: bool, hold: int = 0, **script: Any) -> tuple:
+    """The student's `receive_prefilled` on the decode engine, fed PROMPT's prefill (after
+    another request took `hold` tokens' blocks); runs what it admitted to the end.
+    (peer, error, [(seq, ack)], tokens decoded after the first)."""
+    from minserve.disagg.engine_hooks import add_prefilled
+
+    engine = _decode_engine()
+    impl.receive_prefilled(engine, _ScriptedPrefill([], None), _solution_admit())  # a stub stops
+    free = engine.kv.allocator.num_free
+    seq = _prefilled("handed")
+    prefill = _prefill_engine()
+    kv = prefill.worker.read_blocks(seq.block_table.blocks)
+    offer = KVOffer.of(seq, with_kv)
+    prefill.scheduler.free_detached(seq)
+    peer = _ScriptedPrefill(**{"offers": [offer], "kv": kv, **script})
+    error, got, tokens = None, None, []
+    try:
+        if hold:
+            add_prefilled(engine, "holder", list(range(hold)), PARAMS, 42, True)
+        try:
+            got = impl.receive_prefilled(engine, peer, _solution_admit())
+        except NotImplementedError:
+            raise
+        except RuntimeError as e:
+            error = e
+        engine.abort_request("holder")
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                tokens += output.outputs[0].token_ids
+    finally:
+        for request_id in ("handed", "holder"):
+            engine.abort_request(request_id)
+    assert engine.kv.allocator.num_free == free, (
+        f"after the hand-off and the decode, the decode engine should hold no block; "
+        f"{free - engine.kv.allocator.num_free} are still held (abort what was admitted "
+        "when the blocks never come)"
+    )
+    return peer, error, got, [offer.first_token, *tokens]
+
+
+def _solution_admit() -> Any:
+    from minserve.disagg.hand_off import admit
+
+    return admit  # 8.4 is checked on its own: exercise 8.2's admit is minserve's here
+
+
+def check_the_receiver_acks_writes_the_kv_and_the_request_decodes(impl: ModuleType) -> None:
+    """Accepted: one ack (accepted, no reason), the KV lands, greedy tokens as colocated."""
+    peer, error, got, tokens = _receive(impl, with_kv=True)
+    assert error is None, f"a hand-off that succeeds raises nothing; got {error!r}"
+    assert peer.acks == [KVAck("handed", True, "")], (
+        f"expected one ack KVAck('handed', True, ''), got {peer.acks}"
+    )
+    assert got is not None and [a for _, a in got] == peer.acks, (
+        f"receive_prefilled should return (seq, ack) per offer; got {got!r}"
+    )
+    assert tuple(tokens) == _colocated(), (
+        f"the request should decode to the colocated tokens {list(_colocated())}; got {tokens} "
+        "(was the received KV written into the request's blocks?)"
+    )
+
+
+def check_the_receiver_refuses_a_full_pool_and_says_why(impl: ModuleType) -> None:
+    """3 of 4 blocks held: the KV is refused with a reason, the prompt recomputed here."""
+    peer, error, _, tokens = _receive(impl, with_kv=True, hold=48)
+    assert error is None, f"a full pool is no error (recompute instead); got {error!r}"
+    (ack,) = peer.acks
+    assert not ack.accepted and "no room" in ack.reason, (
+        f"expected a refusal whose reason says there was no room (refusal(engine, offer)); "
+        f"got {ack}"
+    )
+    assert tuple(tokens) == _colocated(), (
+        f"recomputed, the request should still decode to {list(_colocated())}; got {tokens}"
+    )
+
+
+def check_the_receiver_takes_a_recompute_offer_and_says_so(impl: ModuleType) -> None:
+    """An offer without KV (the rule chose recompute): refused with that reason, decoded."""
+    peer, error, _, tokens = _receive(impl, with_kv=False)
+    assert error is None and [(a.accepted, a.reason) for a in peer.acks] == [
+        (False, "the transfer rule chose recompute")
+    ], f"expected one ack refusing with the rule's reason; got {peer.acks}, error {error!r}"
+    assert tuple(tokens) == _colocated(), f"expected {list(_colocated())}, got {tokens}"
+
+
+def check_the_receiver_drops_what_it_admitted_when_the_kv_never_comes(impl: ModuleType) -> None:
+    """Acked, but the blocks never come: abort the request here and raise HandOffLostError."""
+    from minserve.disagg.hand_off import HandOffLostError
+
+    _, error, _, tokens = _receive(impl, with_kv=True, kv=None)
+    assert isinstance(error, HandOffLostError) and error.request_ids == ["handed"], (
+        f"expected HandOffLostError naming ['handed'], got {error!r}"
+    )
+    assert "never came" in str(error), (
+        f"the error should carry the link's reason ('the blocks never came'), got {str(error)!r}"
+    )
+    assert tokens == [tokens[0]], f"the lost request must not decode; it made {tokens[1:]}"
+
+
+def check_the_receiver_drops_what_it_admitted_when_the_ack_fails(impl: ModuleType) -> None:
+    """The ack cannot be sent (the dropped ack, seen from this side): abort, raise."""
+    from minserve.disagg.hand_off import HandOffLostError
+
+    _, error, _, _ = _receive(impl, with_kv=True, ack_fails=True)
+    assert isinstance(error, HandOffLostError) and error.request_ids == ["handed"], (
+        f"expected HandOffLostError naming ['handed'], got {error!r}"
+    )
+    _, error, _, _ = _receive(impl, with_kv=True, offers=None)
+    assert isinstance(error, HandOffLostError) and error.request_ids == [], (
+        f"the link failing before any offer: HandOffLostError naming [], got {error!r}"
+    )
+
+
 CHECKS = [
     check_a_long_prompt_is_transferred,
     check_a_short_prompt_is_recomputed,
@@ -172,4 +435,64 @@ CHECKS = [
     check_an_offer_with_kv_gets_blocks_before_any_byte_moves,
     check_no_room_means_recompute_not_an_error,
     check_an_offer_without_kv_is_recomputed,
+    check_the_sender_sends_accepted_kv_and_frees_its_blocks,
+    check_the_sender_sends_nothing_for_a_refused_offer,
+    check_the_sender_frees_its_blocks_when_the_ack_never_comes,
+    check_the_receiver_acks_writes_the_kv_and_the_request_decodes,
+    check_the_receiver_refuses_a_full_pool_and_says_why,
+    check_the_receiver_takes_a_recompute_offer_and_says_so,
+    check_the_receiver_drops_what_it_admitted_when_the_kv_never_comes,
+    check_the_receiver_drops_what_it_admitted_when_the_ack_fails,
 ]
+
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "8.1": (
+        "Two ways to give the decode side a prompt's KV: move the bytes over the link, or "
+        "compute them again. Estimate the seconds each takes and take the cheaper.",
+        "Compute both estimates first (transfer from the link's latency and bandwidth, "
+        "recompute from the measured seconds per prefill token, infinite before any was "
+        "measured), then let the policy decide (forced, or the cheaper with ties to "
+        "transfer), then log one line and return a TransferDecision.",
+        "transfer_s = self.latency_s + kv_bytes / self.bandwidth_bytes_s; when "
+        "self.recompute_s_per_token is None use float('inf'); the choice is policy "
+        "'transfer', or policy 'auto' with transfer_s <= recompute_s; log.info(...) names "
+        "the request id and 'transfer' or 'recompute'.",
+    ),
+    "8.2": (
+        "Blocks come before bytes: the decode side reserves room for the whole prompt "
+        "before the sender moves anything, and a pool without room is no error: the "
+        "request is taken anyway and its prompt computed here.",
+        "If the offer carries KV, try add_prefilled with with_kv=True and answer True; "
+        "catch MemoryError (no room). In every other case, add_prefilled with "
+        "with_kv=False and answer False.",
+        "args = (offer.request_id, list(offer.prompt_token_ids), offer.params, "
+        "offer.first_token); inside `if offer.with_kv:` a try/except MemoryError around "
+        "the with_kv=True call; fall through to the with_kv=False call.",
+    ),
+    "8.3": (
+        "The sender holds the only copy of the KV until the receiver has acknowledged it and "
+        "the bytes are out; after that, and also when the link fails, its blocks must go "
+        "back to the pool, or every failure leaks memory.",
+        "Wrap the whole exchange in try/finally: inside, offer (this waits for the acks) "
+        "and send the blocks of each accepted request; in the finally, free every "
+        "sequence's detached blocks. Do not catch the link's error: the caller reports "
+        "the request lost.",
+        "acks = transfer.offer(offers); for seq, ack in zip(seqs, acks): if ack.accepted, "
+        "transfer.send_blocks(engine.worker.read_blocks(seq.block_table.blocks)); finally: "
+        "engine.scheduler.free_detached(seq) for each seq.",
+    ),
+    "8.4": (
+        "The receiver admits before it acknowledges, so an accepted offer always has blocks "
+        "to land in; it answers every offer, saying why when it refuses; and if the link "
+        "fails after admitting, it drops what it admitted so no block stays held.",
+        "Three phases. Receive the offers (a failure here lost nothing: HandOffLostError "
+        "with no ids). Admit each and build one KVAck per offer. Acknowledge and receive "
+        "the accepted requests' blocks inside a try: on RuntimeError abort every offered "
+        "request, then raise HandOffLostError with their ids and the error's text.",
+        "admitted = [admit(engine, o) for o in offers]; KVAck(o.request_id, accepted, '' "
+        "if accepted else refusal(engine, o)); after transfer.acknowledge(acks), "
+        "receive_into_blocks(engine, transfer, seq) for the accepted ones; return "
+        "(seq, ack) pairs.",
+    ),
+}

@@ -5,7 +5,10 @@ Routing checks use chunks of 4 token ids, so a prompt of 12 ids is 3 chunks and 
 that was sent it is expected to hold all 12; prompts that share their first 8 ids share 2
 chunks. Output checks feed `SampleOutput.update` a sample's tokens step by step, as the
 scheduler reports them, and compare the deltas with the tokenizer's own decode of the
-whole text (cut at the first stop string).
+whole text (cut at the first stop string). Timing checks use round seconds (a request
+sent at 10.0 whose chunks came at 10.5, 10.6 and 10.8 has TTFT 0.5, ITL 0.1 and 0.2, E2E
+0.8) and then random timestamps and records, compared with minserve's own
+`minserve.bench.serve_metrics`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ import math
 from types import ModuleType
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minserve.bench import serve_metrics
+from minserve.bench.serve_metrics import RequestRecord
 from minserve.messages import NewTokens
 from minserve.model.default_model import default_model_path
 from minserve.model.detokenizer import IncrementalDetokenizer
@@ -266,6 +274,131 @@ def check_logprobs_travel_with_their_tokens(impl: ModuleType) -> None:
     )
 
 
+# --- exercises 9.3 and 9.4: timings and goodput, against minserve.bench.serve_metrics ---
+
+_PROPERTY = settings(max_examples=150, deadline=None, database=None, derandomize=True)
+
+
+def _close(got: Any, want: Any) -> bool:
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_close, got, want))
+    return isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def check_timings_of_a_request_on_paper(impl: ModuleType) -> None:
+    """Sent at 10.0, chunks at 10.5, 10.6, 10.8: TTFT 0.5, ITL [0.1, 0.2], E2E 0.8."""
+    got = impl.request_timings(10.0, [10.5, 10.6, 10.8])
+    assert isinstance(got, tuple) and len(got) == 3, f"expected (ttft, itl, e2e), got {got!r}"
+    assert _close(list(got), [0.5, [0.1, 0.2], 0.8]), (
+        f"expected TTFT 0.5, ITL [0.1, 0.2], E2E 0.8; got TTFT {got[0]}, ITL {got[1]}, E2E {got[2]}"
+    )
+    one = impl.request_timings(3.0, [3.25])
+    assert _close(list(one), [0.25, [], 0.25]), (
+        f"one chunk at 3.25 after sending at 3.0: expected (0.25, [], 0.25), got {one}"
+    )
+
+
+def check_tpot_on_paper(impl: ModuleType) -> None:
+    """TTFT 0.5, E2E 0.8, 3 tokens: 0.3 s for the 2 tokens after the first, TPOT 0.15."""
+    got = impl.time_per_output_token(0.5, 0.8, 3)
+    assert _close(got, 0.15), f"expected TPOT (0.8 - 0.5) / (3 - 1) = 0.15, got {got}"
+    for tokens in (1, 0):
+        alone = impl.time_per_output_token(0.5, 0.5, tokens)
+        assert alone == 0.0, f"a request with {tokens} output token(s) has TPOT 0, got {alone}"
+
+
+def check_timings_match_minserve_on_random_timestamps(impl: ModuleType) -> None:
+    """Random send times, chunk gaps and token counts: the same TTFT, ITL, E2E and TPOT."""
+    impl.request_timings(0.0, [1.0])  # a stub stops here, before any example runs
+
+    @_PROPERTY
+    @given(
+        sent=st.floats(0, 1e4, allow_nan=False),
+        gaps=st.lists(st.floats(1e-4, 5.0, allow_nan=False), min_size=1, max_size=12),
+        extra_tokens=st.integers(0, 3),  # chunks can carry several tokens (accepted drafts)
+    )
+    def agrees(sent: float, gaps: list[float], extra_tokens: int) -> None:
+        chunks = [sent + sum(gaps[: i + 1]) for i in range(len(gaps))]
+        tokens = len(chunks) + extra_tokens
+        want = serve_metrics.request_timings(sent, chunks)
+        got = impl.request_timings(sent, chunks)
+        assert _close(list(got), list(want)), (
+            f"request_timings(sent_at={sent!r}, chunk_at={chunks!r}): expected {want}, got {got}"
+        )
+        want_tpot = serve_metrics.time_per_output_token(want[0], want[2], tokens)
+        got_tpot = impl.time_per_output_token(want[0], want[2], tokens)
+        assert _close(got_tpot, want_tpot), (
+            f"time_per_output_token(ttft={want[0]!r}, latency={want[2]!r}, output_tokens="
+            f"{tokens}): expected {want_tpot}, got {got_tpot}"
+        )
+
+    agrees()
+
+
+def _record(ttft: float, tpot: float, tokens: int, success: bool = True) -> RequestRecord:
+    latency = ttft + tpot * max(tokens - 1, 0)
+    return RequestRecord(output_tokens=tokens, ttft=ttft, latency=latency, success=success)
+
+
+def check_goodput_on_paper(impl: ModuleType) -> None:
+    """4 requests in 2 s under TTFT 1 s and TPOT 0.1 s: 2 meet both, goodput 1.0 per second.
+
+    One is too slow to start, one too slow per token, and a failed request never counts."""
+    records = [
+        _record(0.5, 0.05, 10),  # meets both
+        _record(1.0, 0.1, 5),  # exactly at both limits: meets them
+        _record(1.5, 0.05, 10),  # TTFT over
+        _record(0.5, 0.2, 10),  # TPOT over
+        _record(0.1, 0.01, 10, success=False),  # failed
+    ]
+    slos = {"ttft": 1.0, "tpot": 0.1}
+    met = [impl.meets_slos(r, slos) for r in records[:4]]
+    assert met == [True, True, False, False], (
+        f"expected [meets, meets (at the limits), TTFT over, TPOT over] = "
+        f"[True, True, False, False], got {met}"
+    )
+    got = impl.request_goodput(records, 2.0, slos)
+    assert _close(got, 1.0), f"2 good requests in 2.0 s: expected goodput 1.0, got {got}"
+
+
+def check_goodput_with_an_e2e_slo_and_one_token_requests(impl: ModuleType) -> None:
+    """A one-token request has TPOT 0, so it meets any TPOT SLO; "e2el" limits E2E latency."""
+    one_token = _record(0.9, 0.0, 1)
+    assert impl.meets_slos(one_token, {"tpot": 0.001}), (
+        "a one-token request has TPOT 0 and meets a TPOT SLO of 1 ms"
+    )
+    records = [_record(0.2, 0.1, 9), _record(0.2, 0.1, 3)]  # E2E 1.0 s and 0.4 s
+    got = impl.request_goodput(records, 4.0, {"e2el": 0.5})
+    assert _close(got, 0.25), (
+        f"under E2E 0.5 s only the 0.4 s request counts: expected 1 / 4.0 = 0.25, got {got}"
+    )
+
+
+def check_goodput_matches_minserve_on_random_runs(impl: ModuleType) -> None:
+    """Random records and SLOs: the same goodput as minserve's `summarize`."""
+    impl.request_goodput([_record(0.1, 0.1, 2)], 1.0, {"ttft": 1.0})  # a stub stops here
+
+    times = st.floats(0.0, 2.0, allow_nan=False)
+    record = st.builds(_record, times, st.floats(0.0, 0.3, allow_nan=False),
+                       st.integers(0, 20), st.booleans())  # fmt: skip
+    limits = st.dictionaries(st.sampled_from(serve_metrics.SLO_METRICS),
+                             st.floats(0.01, 2.0, allow_nan=False), min_size=1)  # fmt: skip
+
+    @_PROPERTY
+    @given(records=st.lists(record, max_size=12), slos=limits,
+           duration=st.floats(0.5, 60.0, allow_nan=False))  # fmt: skip
+    def agrees(records: list[RequestRecord], slos: dict[str, float], duration: float) -> None:
+        want = serve_metrics.summarize(records, duration, slos)["request_goodput"]
+        got = impl.request_goodput(records, duration, slos)
+        shown = [(r.ttft, r.tpot, r.latency, r.output_tokens, r.success) for r in records]
+        assert _close(got, want), (
+            f"request_goodput over records (ttft, tpot, e2e, tokens, success) {shown}, "
+            f"duration {duration} s, SLOs {slos}: expected {want}, got {got}"
+        )
+
+    agrees()
+
+
 CHECKS = [
     check_an_unknown_prompt_goes_to_the_least_loaded,
     check_no_key_goes_to_the_least_loaded,
@@ -284,4 +417,57 @@ CHECKS = [
     check_a_stop_token_shows_no_text_and_releases_what_was_held,
     check_length_releases_held_back_text,
     check_logprobs_travel_with_their_tokens,
+    check_timings_of_a_request_on_paper,
+    check_tpot_on_paper,
+    check_timings_match_minserve_on_random_timestamps,
+    check_goodput_on_paper,
+    check_goodput_with_an_e2e_slo_and_one_token_requests,
+    check_goodput_matches_minserve_on_random_runs,
 ]
+
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "9.1": (
+        "Route to the replica that already holds the most of this prompt (its prefix cache "
+        "will serve it), but not at any price: a replica far busier than the idlest one "
+        "loses to load.",
+        "First find the least-loaded candidate (ties broken by the rotating order) and the "
+        "match per replica (all zeros without a key). Then pick the best match among the "
+        "candidates; no match at all means least_loaded; too busy means balance; else prefix.",
+        "least = min(self._turns.order(candidates), key=loads.__getitem__); best = "
+        "max(candidates, key=lambda r: (matched[r], -loads[r])); compare loads[best] - "
+        "loads[least] with self.balance_threshold (strictly greater passes it over).",
+    ),
+    "9.2": (
+        "A delta is what this step adds: token ids become text through the incremental "
+        "detokenizer, and text passes the stop-string matcher, which may hold some back or "
+        "cut it; a token whose text is held back still goes out, with empty text.",
+        "Loop over new.token_ids: keep the token, step the detokenizer, feed its text to the "
+        "matcher, stop the loop when a stop string completes. Then, if the scheduler finished "
+        "the sample, release what is held back. Build the CompletionOutput from what you kept.",
+        "piece, hit = self.stops.feed(self.detokenizer.step(token)); on hit: finish_reason "
+        "'stop', stop_reason hit, break; on new.finish_reason: text += "
+        "self.stops.feed(self.detokenizer.flush())[0] + self.stops.flush(); the EOS token "
+        "('stop') adds no text of its own.",
+    ),
+    "9.3": (
+        "Every latency a client reports is a difference of two timestamps on one clock: "
+        "when the request went out and when each chunk with a token came back.",
+        "TTFT: first chunk minus the send time; ITL: the gaps between neighbouring chunks; "
+        "E2E: last chunk minus the send time. TPOT spreads the time after the first token "
+        "over the tokens after the first, and is 0 when there are none.",
+        "zip(chunk_at, chunk_at[1:]) walks the neighbouring pairs; the first and last "
+        "elements of chunk_at give TTFT and E2E against sent_at; for TPOT, return 0.0 early "
+        "when output_tokens <= 1.",
+    ),
+    "9.4": (
+        "Goodput counts only the requests that met every SLO they are held to, per second "
+        "of the run: a request that finished too late is not served.",
+        "meets_slos: look up the request's value for each SLO name (ttft, tpot, e2el) and "
+        "require each to be at most its limit. request_goodput: count the successful "
+        "requests that meet them, divide by the run's duration.",
+        "Map each SLO name to the record's own value (ttft, tpot, and latency for e2el), "
+        "then all(value <= limit ...) over slos.items(); the goodput is a sum over the "
+        "records of (succeeded and met them), divided by duration_s.",
+    ),
+}

@@ -19,21 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from minserve.disagg.hand_off import HandOffLostError, receive_prefilled
 from minserve.disagg.kv_transfer import TorchKVTransfer
 from minserve.disagg.kv_wire import HOST
-from minserve.disagg.pd_worker import admit, receive_into_blocks
 from minserve.disagg.token_deltas import delta_json
 from minserve.disagg.topology import PROXY_RANK
 from minserve.disagg.wire import recv_command, send_json
 from minserve.engine import LLMEngine
-
-
-class HandOffLostError(RuntimeError):
-    """A prefill rank failed mid-hand-off; `request_ids` were dropped here."""
-
-    def __init__(self, request_ids: list[str]) -> None:
-        super().__init__(f"hand-off of {request_ids} failed")
-        self.request_ids = request_ids
 
 
 def serve_decode_rounds(
@@ -70,18 +62,5 @@ class DecodeInstance:
     def receive_from(self, rank: int) -> list[list]:
         """One prefill rank's hand-off: [[request id, received its KV], ...]."""
         transfer = self.transfers.setdefault(rank, TorchKVTransfer(rank, device=self.kv_device))
-        try:
-            offers = transfer.receive_offers()
-        except (RuntimeError, dist.DistError):
-            raise HandOffLostError([]) from None  # nothing was admitted yet
-        admitted = [admit(self.engine, offer) for offer in offers]
-        try:
-            transfer.acknowledge([accepted for _, accepted in admitted])
-            for seq, accepted in admitted:
-                if accepted:
-                    receive_into_blocks(self.engine, transfer, seq)
-        except (RuntimeError, dist.DistError):
-            for offer in offers:
-                self.engine.abort_request(offer.request_id)  # frees what was allocated
-            raise HandOffLostError([o.request_id for o in offers]) from None
-        return [[seq.request.request_id, accepted] for seq, accepted in admitted]
+        admitted = receive_prefilled(self.engine, transfer)
+        return [[ack.request_id, ack.accepted] for _, ack in admitted]

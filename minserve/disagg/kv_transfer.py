@@ -5,7 +5,7 @@ The hand-off (DistServe, Mooncake), for each batch of requests a prefill step fi
     prefill instance                          decode instance
     offer(offers)        ── JSON offers ──►   receive_offers()
                                               allocate blocks (or refuse: recompute)
-                         ◄── JSON acks ────   acknowledge(accepted)
+                         ◄── JSON acks ────   acknowledge(acks): accepted, or why not
     send_blocks(kv)      ── KV tensors ───►   receive_blocks(shape) -> write into blocks
     free its own blocks (only now: the decode side holds a copy)
 
@@ -57,16 +57,25 @@ class KVOffer:
         return cls(**{**fields, "params": SamplingParams(**d["params"])})
 
 
+@dataclass(frozen=True)
+class KVAck:
+    """The decode side's answer to one offer: the KV accepted, or why it was refused."""
+
+    request_id: str
+    accepted: bool
+    reason: str = ""  # why not: "the transfer rule chose recompute", "no room for ..."
+
+
 class KVTransfer(Protocol):
     """The interface both sides program against; `TorchKVTransfer` is the implementation."""
 
-    def offer(self, offers: list[KVOffer]) -> list[bool]: ...
+    def offer(self, offers: list[KVOffer]) -> list[KVAck]: ...
 
     def send_blocks(self, kv: torch.Tensor) -> None: ...
 
     def receive_offers(self) -> list[KVOffer]: ...
 
-    def acknowledge(self, accepted: list[bool]) -> None: ...
+    def acknowledge(self, acks: list[KVAck]) -> None: ...
 
     def receive_blocks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
@@ -94,13 +103,16 @@ class TorchKVTransfer:
         self.device = device  # where KV travels: the GPU with NCCL, the host with gloo
         self.stats = TransferStats()
 
-    def offer(self, offers: list[KVOffer]) -> list[bool]:
-        """Prefill side: announce the requests, return which ones the decode side accepted."""
+    def offer(self, offers: list[KVOffer]) -> list[KVAck]:
+        """Prefill side: announce the requests; the decode side's answer to each, in order."""
         send_json([o.to_json() for o in offers], self.peer, self.group)
-        accepted = recv_json(self.peer, self.group)
-        if len(accepted) != len(offers):
-            raise RuntimeError(f"{len(offers)} offers were answered by {len(accepted)} acks")
-        return [bool(a) for a in accepted]
+        acks = [KVAck(**a) for a in recv_json(self.peer, self.group)]
+        if [a.request_id for a in acks] != [o.request_id for o in offers]:
+            raise RuntimeError(
+                f"offers {[o.request_id for o in offers]} were answered by acks "
+                f"{[a.request_id for a in acks]}"
+            )
+        return acks
 
     def send_blocks(self, kv: torch.Tensor) -> None:
         """Prefill side: one accepted request's blocks, [layers, 2, blocks, block_size, Hkv, D]."""
@@ -113,8 +125,8 @@ class TorchKVTransfer:
     def receive_offers(self) -> list[KVOffer]:
         return [KVOffer.from_json(d) for d in recv_json(self.peer, self.group)]
 
-    def acknowledge(self, accepted: list[bool]) -> None:
-        send_json(accepted, self.peer, self.group)
+    def acknowledge(self, acks: list[KVAck]) -> None:
+        send_json([asdict(a) for a in acks], self.peer, self.group)
 
     def receive_blocks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         kv = torch.empty(shape, dtype=dtype, device=self.device)  # [layers, 2, blocks, bs, Hkv, D]

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from minserve.disagg.engine_hooks import detach_prefilled
-from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
+from minserve.disagg.hand_off import Admit, Receive, Send, admit, receive_prefilled, send_prefilled
+from minserve.disagg.kv_transfer import KVAck, KVOffer, TorchKVTransfer
 from minserve.disagg.kv_wire import choose_kv_wire
 from minserve.disagg.pd_worker import DECODE_RANK, PairSpec, decode_main, join_pair
 from minserve.disagg.transfer_rule import TransferDecision, TransferRule, measure_link
@@ -55,8 +56,14 @@ class PrefillDecodePair:
         transfer_policy: str = "auto",
         startup_timeout_s: float = 120.0,
         step_timeout_s: float = 60.0,
+        admit: Admit = admit,
+        send: Send = send_prefilled,
+        receive: Receive = receive_prefilled,
         **engine_options: Any,
     ) -> None:
+        """The hand-off's pieces are arguments (chapter 08's exercises plug in here): `send`
+        runs here, `receive` and `admit` in the decode process, so those two must be
+        module-level functions (they cross to it by name)."""
         if dist.is_initialized():
             raise RuntimeError("this process is already in a torch.distributed group")
         kv_wire = choose_kv_wire(engine_options.get("device", "auto"), num_instances=2)
@@ -69,7 +76,7 @@ class PrefillDecodePair:
         self.llm = LLM(model, **engine_options)
         status = mp.get_context("spawn").Queue()
         self.proc = mp.get_context("spawn").Process(
-            target=decode_main, args=(spec, status), daemon=True
+            target=decode_main, args=(spec, status, admit, receive), daemon=True
         )
         self.proc.start()
         self._wait_ready(status, startup_timeout_s)
@@ -78,6 +85,8 @@ class PrefillDecodePair:
         self.rule = TransferRule(*link, policy=transfer_policy)
         self.transfer = TorchKVTransfer(DECODE_RANK, device=kv_device)
         self.decisions: dict[str, TransferDecision] = {}
+        self.send = send
+        self.acks: dict[str, KVAck] = {}  # the decode side's answer to each offer
         self.closed = False
         self._ids = itertools.count()
 
@@ -127,16 +136,12 @@ class PrefillDecodePair:
         return leaving
 
     def _hand_off(self, leaving: list[Sequence]) -> None:
-        """Offer, get acks, send accepted KV, then free rank 0's copies."""
+        """Offer, get acks, send accepted KV, then free rank 0's copies (`hand_off.py`)."""
         send_json({"stop": False}, DECODE_RANK)
-        worker = self.llm.engine.worker
-        offers = [self._offer(seq, worker.pool.block_nbytes) for seq in leaving]
-        accepted = self.transfer.offer(offers)
-        for seq, ok in zip(leaving, accepted):
-            if ok:
-                self.transfer.send_blocks(worker.read_blocks(seq.block_table.blocks))
-        for seq in leaving:
-            self.llm.engine.scheduler.free_detached(seq)
+        engine = self.llm.engine
+        offers = [self._offer(seq, engine.worker.pool.block_nbytes) for seq in leaving]
+        for ack in self.send(engine, self.transfer, leaving, offers):
+            self.acks[ack.request_id] = ack
 
     def _offer(self, seq: Sequence, block_nbytes: int) -> KVOffer:
         request = seq.request

@@ -1,10 +1,10 @@
 """The decode instance: a process that receives prefilled requests and decodes them.
 
 Rank 1 of a two-rank group (rank 0 is the prefill instance, `pd_pair.py`; gloo, or
-gloo + NCCL for the KV when each rank has its own GPU, `kv_wire.py`). Each
-round it takes the offers of requests rank 0 just prefilled, allocates blocks and
-acknowledges, receives their KV into those blocks, runs one decode step, and sends back
-the requests that finished (JSON). Its engine is the ordinary `LLMEngine`.
+gloo + NCCL for the KV when each rank has its own GPU, `kv_wire.py`). Each round it
+takes the offers of requests rank 0 just prefilled, allocates blocks and acknowledges,
+receives their KV into those blocks (`hand_off.py`), runs one decode step, and sends
+back the requests that finished (JSON). Its engine is the ordinary `LLMEngine`.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minserve.disagg.engine_hooks import add_prefilled
-from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
+from minserve.disagg.hand_off import Admit, Receive, admit, receive_prefilled
+from minserve.disagg.kv_transfer import TorchKVTransfer
 from minserve.disagg.kv_wire import KVWire, instance_gpu
 from minserve.disagg.token_deltas import delta_json
 from minserve.disagg.transfer_rule import measure_link
 from minserve.disagg.wire import recv_json, send_json
 from minserve.engine import LLMEngine
 from minserve.outputs import OutputAccumulator
-from minserve.scheduler.sequence import Sequence
 
 PREFILL_RANK, DECODE_RANK = 0, 1
 
@@ -53,8 +52,13 @@ def join_pair(rank: int, spec: PairSpec) -> None:
     )  # fmt: skip
 
 
-def decode_main(spec: PairSpec, status: Any) -> None:
-    """Entry point of the spawned decode process; start-up errors go back through `status`."""
+def decode_main(
+    spec: PairSpec, status: Any, admit: Admit = admit, receive: Receive = receive_prefilled
+) -> None:
+    """Entry point of the spawned decode process; start-up errors go back through `status`.
+
+    `receive` takes each round's hand-off in, `admit` each offered request (module-level
+    functions: they cross to this process by name)."""
     torch.set_num_threads(1)
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -74,57 +78,25 @@ def decode_main(spec: PairSpec, status: Any) -> None:
     try:
         measure_link(PREFILL_RANK, sender=False, device=kv_device)
         assert llm.engine is not None
-        serve_decode(llm.engine, TorchKVTransfer(PREFILL_RANK, device=kv_device))
+        transfer = TorchKVTransfer(PREFILL_RANK, device=kv_device)
+        serve_decode(llm.engine, transfer, admit, receive)
     finally:
         dist.destroy_process_group()
 
 
-def serve_decode(engine: LLMEngine, transfer: TorchKVTransfer) -> None:
+def serve_decode(
+    engine: LLMEngine,
+    transfer: TorchKVTransfer,
+    admit: Admit = admit,
+    receive: Receive = receive_prefilled,
+) -> None:
     """Rounds until rank 0 says stop: hand-offs in, one decode step, finished requests out."""
     whole = OutputAccumulator()
     while not recv_json(PREFILL_RANK)["stop"]:
-        offers = transfer.receive_offers()
-        admitted = [admit(engine, offer) for offer in offers]
-        transfer.acknowledge([accepted for _, accepted in admitted])
-        for seq, accepted in admitted:
-            if accepted:
-                receive_into_blocks(engine, transfer, seq)
+        receive(engine, transfer, admit)
         outputs = engine.step() if engine.has_unfinished_requests() else []
         finished = [whole.add(o) for o in outputs]  # the tokens after the first one
         send_json([delta_json(o) for o in finished if o.finished], PREFILL_RANK)
         for output in outputs:
             if output.finished:
                 del whole.outputs[output.request_id]
-
-
-# >>> exercise 8.2: the decode side of the KV hand-off
-def admit(engine: LLMEngine, offer: KVOffer) -> tuple[Sequence, bool]:
-    """Take an offered request into this decode engine; (its sequence, KV accepted).
-
-    Blocks come first: with `offer.with_kv`, allocate blocks for the whole prompt before
-    any byte moves, with `add_prefilled(engine, request_id, prompt ids (a list), params,
-    first_token, with_kv=True)`; the caller then acknowledges and writes the received KV
-    into `seq.block_table`. It raises MemoryError when the pool has no room: then refuse
-    the KV and take the request anyway, to recompute its prompt here (`with_kv=False`).
-    An offer without KV (the rule chose recompute) is always taken that way.
-    """
-    # >>> solution
-    args = (offer.request_id, list(offer.prompt_token_ids), offer.params, offer.first_token)
-    if offer.with_kv:
-        try:
-            return add_prefilled(engine, *args, with_kv=True), True
-        except MemoryError:
-            pass  # refused: the prompt is recomputed here instead
-    return add_prefilled(engine, *args, with_kv=False), False
-    # <<< solution
-
-
-# <<< exercise
-
-
-def receive_into_blocks(engine: LLMEngine, transfer: TorchKVTransfer, seq: Sequence) -> None:
-    pool = engine.worker.pool
-    blocks = seq.block_table.blocks
-    layers, kv, _, *tail = pool.kv.shape  # [layers, 2, num_blocks, block_size, Hkv, D]
-    data = transfer.receive_blocks((layers, kv, len(blocks), *tail), pool.dtype)
-    engine.worker.write_blocks(blocks, data)

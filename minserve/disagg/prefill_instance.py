@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from minserve.disagg.engine_hooks import detach_prefilled
+from minserve.disagg.hand_off import send_prefilled
 from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
 from minserve.disagg.kv_wire import HOST
 from minserve.disagg.token_deltas import delta_json
@@ -93,12 +94,9 @@ class PrefillInstance:
         for rank in sorted(by_rank):
             seqs = by_rank[rank]
             try:
-                decisions += self.send_to(rank, seqs)
-            except (RuntimeError, dist.DistError):  # the decode instance died mid-hand-off
+                decisions += self.send_to(rank, seqs)  # frees rank's copies, sent or lost
+            except RuntimeError:  # the decode instance died mid-hand-off
                 lost += [seq.request.request_id for seq in seqs]
-            finally:
-                for seq in seqs:
-                    self.engine.scheduler.free_detached(seq)  # only now: acked and sent, or lost
         return decisions, lost
 
     def send_to(self, rank: int, seqs: list[Sequence]) -> list[dict]:
@@ -112,12 +110,10 @@ class PrefillInstance:
             for seq in seqs
         ]  # fmt: skip
         offers = [KVOffer.of(seq, d.transfer) for seq, d in zip(seqs, decisions)]
-        accepted = self.transfers[rank].offer(offers)
-        for seq, ok in zip(seqs, accepted):
-            if ok:
-                self.transfers[rank].send_blocks(worker.read_blocks(seq.block_table.blocks))
+        acks = send_prefilled(self.engine, self.transfers[rank], seqs, offers)
         return [
-            {**asdict(d), "to_rank": rank, "accepted": ok} for d, ok in zip(decisions, accepted)
+            {**asdict(d), "to_rank": rank, "accepted": a.accepted, "refused_because": a.reason}
+            for d, a in zip(decisions, acks)
         ]
 
     def step(self) -> tuple[list[dict], list[str]]:
