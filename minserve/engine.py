@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 from minserve.attention.backends import get_attention_backend
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
@@ -116,6 +117,7 @@ class LLMEngine:
         peers: StepPeers | None = None,  # tensor parallel: the other ranks' workers
         speculative_config: SpeculativeConfig | None = None,
         sample_output_cls: type = SampleOutput,
+        scheduling_rules: dict[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -154,7 +156,9 @@ class LLMEngine:
             )  # fmt: skip
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
         drafts = DraftPlanner(speculative_config) if speculative_config is not None else None
-        self.scheduler = scheduler_cls(scheduler_config, self.kv, self.rules, drafts)
+        self.scheduler = scheduler_cls(  # scheduling_rules: chapter 04's chunk_rule, ...
+            scheduler_config, self.kv, self.rules, drafts, **(scheduling_rules or {})
+        )
         self.output_processor = OutputProcessor(loaded.tokenizer, sample_output_cls)
         self.counters = EngineCounters()
         self.timings = StepTimings()  # every step's, summed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,11 @@ class LLM:
     docs/engine.md); engine="reference" runs the contiguous-KV reference path instead (the oracle).
     tensor_parallel_size=N splits the model over N processes (docs/distributed.md); call
     `shutdown()` when done. speculative_config={"method": "ngram", "num_speculative_tokens": k}
-    turns on speculative decoding (docs/speculative.md). How it runs on this machine
+    turns on speculative decoding (docs/speculative.md). The course's exercises plug in
+    here: `sampler`, the `*_cls` classes, `chunk_rule` (a sequence's share of a step's
+    token budget, as `minserve.scheduler.budget.prefill_chunk`) and `preemption_rule`
+    (swap or recompute a preempted sequence, as
+    `minserve.scheduler.preemption.preemption_mode`); docs/course.md. How it runs on this machine
     (device, dtype, attention backend, C kernels) is logged once at info level and returned
     by `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
     """
@@ -75,6 +79,8 @@ class LLM:
         scheduler_cls: type = Scheduler,
         prefix_cache_cls: type = RadixCache,
         sample_output_cls: type = SampleOutput,
+        chunk_rule: Callable[[int, int, bool], int] | None = None,
+        preemption_rule: Callable[[int, int, int], str] | None = None,
         engine: str = "paged",
         tensor_parallel_size: int = 1,
         speculative_config: dict[str, Any] | None = None,
@@ -101,6 +107,7 @@ class LLM:
         else:
             self.loaded = _load(model, dtype, device)
         self.sampler = sampler or Sampler()
+        rules = _scheduling_rules(chunk_rule, preemption_rule, engine)
         self.engine: LLMEngine | None = None
         self.reference: ReferenceGenerator | None = None
         if engine == "paged":
@@ -108,6 +115,7 @@ class LLM:
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
                 attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
                 **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
+                scheduling_rules=rules,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:
@@ -328,3 +336,16 @@ def _as_params_list(
             f"got {len(params)} SamplingParams for {count} prompts; give one or one per prompt"
         )
     return params
+
+
+def _scheduling_rules(
+    chunk_rule: Callable[..., int] | None, preemption_rule: Callable[..., str] | None, engine: str
+) -> dict[str, Callable[..., Any]]:
+    """The scheduler's decision functions that were given (the others stay minserve's)."""
+    given = {"chunk_rule": chunk_rule, "preemption_rule": preemption_rule}
+    rules = {name: rule for name, rule in given.items() if rule is not None}
+    if rules and engine != "paged":
+        raise ValueError(
+            f"{', '.join(rules)} plug into the paged engine's scheduler; engine={engine!r} has none"
+        )
+    return rules
