@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 04` from the repository root.
 # Generated from minserve/scheduler/budget.py, minserve/scheduler/preemption.py by `python -m minserve.course.generate`.
-# stub fingerprint: 02a612cd9561 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 256da6f8f88f (lets the generator tell your edits from a stale stub)
 """Chapter 04, Chunked prefill and preemption: the scheduler's two decisions
 when time or memory runs short.
 
@@ -30,11 +30,12 @@ def prefill_chunk(num_needed: int, budget_left: int, enable_chunked_prefill: boo
 
 # Exercise 4.2: recompute or swap a preempted sequence
 def preemption_mode(num_blocks: int, block_nbytes: int, swap_free_bytes: int) -> PreemptionMode:
-    """ "swap" when the host swap space can hold all of the victim's blocks, else "recompute".
+    """Swap a victim when the host swap space can hold all of its blocks, else recompute.
 
     The victim holds `num_blocks` blocks of `block_nbytes` bytes each; `swap_free_bytes`
-    of the swap space are free (without swap space, both sizes are 0). A sequence that
-    holds no block has nothing to swap: it is recomputed. The blocks go whole or not at all: a
-    sequence half on the host would need its other half recomputed anyway.
+    of the swap space are free (without swap space, both sizes are 0). Returns "swap" or
+    "recompute". A sequence that holds no block has nothing to swap: it is recomputed.
+    The blocks go whole or not at all: a sequence half on the host would need its other
+    half recomputed anyway.
     """
     raise NotImplementedError("Exercise 4.2: recompute or swap a preempted sequence")

@@ -346,6 +346,7 @@ def _scheduling_rules(
     rules = {name: rule for name, rule in given.items() if rule is not None}
     if rules and engine != "paged":
         raise ValueError(
-            f"{', '.join(rules)} plug into the paged engine's scheduler; engine={engine!r} has none"
+            f"scheduling rules ({', '.join(rules)}) plug into the paged engine's scheduler; "
+            f"engine={engine!r} has none"
         )
     return rules

@@ -17,12 +17,13 @@ PreemptionMode = Literal["swap", "recompute"]
 
 # >>> exercise 4.2: recompute or swap a preempted sequence
 def preemption_mode(num_blocks: int, block_nbytes: int, swap_free_bytes: int) -> PreemptionMode:
-    """ "swap" when the host swap space can hold all of the victim's blocks, else "recompute".
+    """Swap a victim when the host swap space can hold all of its blocks, else recompute.
 
     The victim holds `num_blocks` blocks of `block_nbytes` bytes each; `swap_free_bytes`
-    of the swap space are free (without swap space, both sizes are 0). A sequence that
-    holds no block has nothing to swap: it is recomputed. The blocks go whole or not at all: a
-    sequence half on the host would need its other half recomputed anyway.
+    of the swap space are free (without swap space, both sizes are 0). Returns "swap" or
+    "recompute". A sequence that holds no block has nothing to swap: it is recomputed.
+    The blocks go whole or not at all: a sequence half on the host would need its other
+    half recomputed anyway.
     """
     # >>> solution
     if num_blocks == 0 or swap_free_bytes == 0:

@@ -22,6 +22,8 @@ def plot_step(trace: StepTrace, index: int, budget: int, seats: int) -> Figure:
     timeline, batch = fig.subplots(1, 2, width_ratios=(3, 2))
     draw_timeline(timeline, trace)
     timeline.axvspan(index, index + 1, color="gold", alpha=0.35, zorder=0)
+    for edge in (index, index + 1):
+        timeline.axvline(edge, color="black", linewidth=1.2)
     timeline.set_xlabel("engine step")
     timeline.set_title(f"step {index} of {len(trace.steps)}", loc="left")
     rows = {request_id: i for i, request_id in enumerate(trace.request_ids)}
@@ -34,7 +36,6 @@ def plot_step(trace: StepTrace, index: int, budget: int, seats: int) -> Figure:
         )
     for request_id in step.preempted:
         batch.text(0, rows[request_id], " preempted", va="center", color="tab:red")
-    batch.axvline(step.num_tokens, color="black", linewidth=1)
     batch.axvline(budget, color="tab:red", linestyle="--", linewidth=1)
     batch.set_xlim(0, budget * 1.35)
     batch.set_yticks(range(len(rows)), list(rows))
