@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: 225700dba56b (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 7d448abc6c61 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
@@ -10,6 +10,8 @@ when the KV cache runs out of blocks; then waiting ones are admitted in policy
 order while the token budget, the seats and the blocks last. Plug your class
 into the engine with `LLM(scheduler_cls=Scheduler)`.
 """
+
+from collections.abc import Callable
 
 from minserve.config import SchedulerConfig
 from minserve.kvcache.manager import KVCacheManager
@@ -21,7 +23,9 @@ from minserve.messages import (
     SchedulerOutput,
 )
 from minserve.request import StopRules
+from minserve.scheduler.budget import prefill_chunk
 from minserve.scheduler.policy import get_policy
+from minserve.scheduler.preemption import PreemptionMode, preemption_mode
 from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan
 from minserve.scheduler.sequence import SeqStatus, Sequence
 from minserve.scheduler.draft_planner import DraftPlanner
@@ -43,12 +47,16 @@ class Scheduler:
         kv: KVCacheManager,
         rules: StopRules | None = None,
         drafts: DraftPlanner | None = None,
+        chunk_rule: Callable[[int, int, bool], int] = prefill_chunk,
+        preemption_rule: Callable[[int, int, int], PreemptionMode] = preemption_mode,
     ) -> None:
         self.config = config
         self.kv = kv
         self.rules = rules or StopRules((), 1 << 62)  # what ends a sequence besides its params
         self.drafts = drafts  # speculative decoding: draft slots per decode
         self.policy = get_policy(config.scheduling_policy, kv)
+        self.chunk_rule = chunk_rule  # a sequence's share of the budget (chapter 04)
+        self.preemption_rule = preemption_rule  # swap or recompute a victim (chapter 04)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -121,10 +129,9 @@ class Scheduler:
         """
         if seq.status is SeqStatus.WAITING and not seq.block_table.blocks:
             seq.num_computed_tokens = self.kv.reuse_prefix(seq.block_table, seq.token_ids)
-        needed = seq.num_uncomputed_tokens
-        if needed <= budget:
-            return needed
-        return budget if self.config.enable_chunked_prefill else 0
+        return self.chunk_rule(
+            seq.num_uncomputed_tokens, budget, self.config.enable_chunked_prefill
+        )
 
     def _release_cached_prefixes(self) -> None:
         """Waiting sequences hold no blocks between steps: drop cached prefixes picked up by
@@ -139,7 +146,8 @@ class Scheduler:
         self.running.remove(seq)
         self.stats.num_preemptions += 1
         out.preempted.append(seq)
-        if self.kv.can_swap_out(seq.block_table):
+        num_blocks = len(seq.block_table.blocks)
+        if self.preemption_rule(num_blocks, *self.kv.swap_room()) == "swap":
             self.kv.swap_out(seq.seq_id, seq.block_table)
             seq.status = SeqStatus.SWAPPED
             self.swapped.append(seq)

@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 from minserve.attention.backends import get_attention_backend, with_decode_kernels
-from minserve.attention.triton_decode import DecodeKernels
-from minserve.attention.backends import get_attention_backend
 from minserve.attention.contiguous import Attend
 from minserve.attention.per_sequence import PerSequenceAttention
+from minserve.attention.triton_decode import DecodeKernels
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
@@ -125,6 +125,7 @@ class LLMEngine:
         decode_kernels: DecodeKernels | None = None,  # chapter 02: the Triton decode kernels
         attend: Attend | None = None,  # a contiguous attention function (chapter 00)
         block_table_cls: type = BlockTable,
+        scheduling_rules: dict[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -174,7 +175,9 @@ class LLMEngine:
             )  # fmt: skip
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
         drafts = DraftPlanner(speculative_config) if speculative_config is not None else None
-        self.scheduler = scheduler_cls(scheduler_config, self.kv, self.rules, drafts)
+        self.scheduler = scheduler_cls(  # scheduling_rules: chapter 04's chunk_rule, ...
+            scheduler_config, self.kv, self.rules, drafts, **(scheduling_rules or {})
+        )
         self.output_processor = OutputProcessor(loaded.tokenizer, sample_output_cls)
         self.counters = EngineCounters()
         self.timings = StepTimings()  # every step's, summed

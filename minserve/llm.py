@@ -65,7 +65,10 @@ class LLM:
     over its K/V gathered from the paged pool (or over the reference engine's contiguous
     cache). The ops are set on the loaded model, so an LLM sharing it shares them.
     Likewise block_allocator_cls, block_table_cls (chapter 01), scheduler_cls,
-    prefix_cache_cls and sample_output_cls swap in a class of the same shape.
+    prefix_cache_cls and sample_output_cls swap in a class of the same shape; chunk_rule (a
+    sequence's share of a step's token budget, as `minserve.scheduler.budget.prefill_chunk`)
+    and preemption_rule (swap or recompute a preempted sequence, as
+    `minserve.scheduler.preemption.preemption_mode`) replace chapter 04's two rules.
     """
 
     def __init__(
@@ -93,6 +96,8 @@ class LLM:
         prefix_cache_cls: type = RadixCache,
         sample_output_cls: type = SampleOutput,
         model_ops: ModelOps | None = None,
+        chunk_rule: Callable[[int, int, bool], int] | None = None,
+        preemption_rule: Callable[[int, int, int], str] | None = None,
         engine: str = "paged",
         tensor_parallel_size: int = 1,
         tensor_parallel_layers: str | None = None,
@@ -130,6 +135,7 @@ class LLM:
         self.loaded.model.use_ops(model_ops or MODEL_OPS)
         attend = model_ops.attend if model_ops is not None else None
         self.sampler = sampler or Sampler()
+        rules = _scheduling_rules(chunk_rule, preemption_rule, engine)
         self.engine: LLMEngine | None = None
         self.reference: ReferenceGenerator | None = None
         if engine == "paged":
@@ -138,6 +144,7 @@ class LLM:
                 attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
                 **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
                 decode_kernels=decode_kernels, attend=attend, block_table_cls=block_table_cls,
+                scheduling_rules=rules,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:
@@ -358,3 +365,17 @@ def _as_params_list(
             f"got {len(params)} SamplingParams for {count} prompts; give one or one per prompt"
         )
     return params
+
+
+def _scheduling_rules(
+    chunk_rule: Callable[..., int] | None, preemption_rule: Callable[..., str] | None, engine: str
+) -> dict[str, Callable[..., Any]]:
+    """The scheduler's decision functions that were given (the others stay minserve's)."""
+    given = {"chunk_rule": chunk_rule, "preemption_rule": preemption_rule}
+    rules = {name: rule for name, rule in given.items() if rule is not None}
+    if rules and engine != "paged":
+        raise ValueError(
+            f"scheduling rules ({', '.join(rules)}) plug into the paged engine's scheduler; "
+            f"engine={engine!r} has none"
+        )
+    return rules

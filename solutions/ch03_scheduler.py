@@ -8,6 +8,8 @@ order while the token budget, the seats and the blocks last. Plug your class
 into the engine with `LLM(scheduler_cls=Scheduler)`.
 """
 
+from collections.abc import Callable
+
 from minserve.config import SchedulerConfig
 from minserve.kvcache.manager import KVCacheManager
 from minserve.messages import (
@@ -18,7 +20,9 @@ from minserve.messages import (
     SchedulerOutput,
 )
 from minserve.request import StopRules
+from minserve.scheduler.budget import prefill_chunk
 from minserve.scheduler.policy import get_policy
+from minserve.scheduler.preemption import PreemptionMode, preemption_mode
 from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan
 from minserve.scheduler.sequence import SeqStatus, Sequence
 from minserve.scheduler.draft_planner import DraftPlanner
@@ -40,12 +44,16 @@ class Scheduler:
         kv: KVCacheManager,
         rules: StopRules | None = None,
         drafts: DraftPlanner | None = None,
+        chunk_rule: Callable[[int, int, bool], int] = prefill_chunk,
+        preemption_rule: Callable[[int, int, int], PreemptionMode] = preemption_mode,
     ) -> None:
         self.config = config
         self.kv = kv
         self.rules = rules or StopRules((), 1 << 62)  # what ends a sequence besides its params
         self.drafts = drafts  # speculative decoding: draft slots per decode
         self.policy = get_policy(config.scheduling_policy, kv)
+        self.chunk_rule = chunk_rule  # a sequence's share of the budget (chapter 04)
+        self.preemption_rule = preemption_rule  # swap or recompute a victim (chapter 04)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -148,10 +156,9 @@ class Scheduler:
         """
         if seq.status is SeqStatus.WAITING and not seq.block_table.blocks:
             seq.num_computed_tokens = self.kv.reuse_prefix(seq.block_table, seq.token_ids)
-        needed = seq.num_uncomputed_tokens
-        if needed <= budget:
-            return needed
-        return budget if self.config.enable_chunked_prefill else 0
+        return self.chunk_rule(
+            seq.num_uncomputed_tokens, budget, self.config.enable_chunked_prefill
+        )
 
     def _release_cached_prefixes(self) -> None:
         """Waiting sequences hold no blocks between steps: drop cached prefixes picked up by
@@ -166,7 +173,8 @@ class Scheduler:
         self.running.remove(seq)
         self.stats.num_preemptions += 1
         out.preempted.append(seq)
-        if self.kv.can_swap_out(seq.block_table):
+        num_blocks = len(seq.block_table.blocks)
+        if self.preemption_rule(num_blocks, *self.kv.swap_room()) == "swap":
             self.kv.swap_out(seq.seq_id, seq.block_table)
             seq.status = SeqStatus.SWAPPED
             self.swapped.append(seq)

@@ -30,3 +30,42 @@ def test_an_llm_can_share_an_already_loaded_model(tiny_model) -> None:
     assert second.loaded is first.loaded and second.engine is not first.engine
     with pytest.raises(ValueError, match="loaded already"):
         LLM(first.loaded, dtype="bfloat16")
+
+
+def test_the_solutions_budget_and_preemption_rules_give_the_default_engines_tokens(
+    tiny_model,
+) -> None:
+    import solutions.ch04_chunked_prefill as student
+
+    prompts, params = random_workload(20, seed=3)
+    options = dict(block_size=4, num_blocks=20, max_num_batched_tokens=32, swap_space=0.001)
+    default = LLM(tiny_model("llama"), **options)
+    expected = token_ids(default.generate(prompts, params, use_tqdm=False))
+    plugged = LLM(
+        tiny_model("llama"),
+        chunk_rule=student.prefill_chunk,
+        preemption_rule=student.preemption_mode,
+        **options,
+    )
+    assert plugged.engine.scheduler.chunk_rule is student.prefill_chunk
+    assert token_ids(plugged.generate(prompts, params, use_tqdm=False)) == expected
+    metrics, default_metrics = plugged.get_metrics(), default.get_metrics()
+    assert metrics["num_swapped_out"] == default_metrics["num_swapped_out"] > 0
+    assert metrics["num_steps"] == default_metrics["num_steps"]
+    assert_all_blocks_free(plugged.engine)
+
+
+def test_a_preemption_rule_that_never_swaps_recomputes_every_victim(tiny_model) -> None:
+    prompts, params = random_workload(20, seed=3)
+    options = dict(block_size=4, num_blocks=20, max_num_batched_tokens=32, swap_space=0.001)
+    llm = LLM(tiny_model("llama"), preemption_rule=lambda *_: "recompute", **options)
+    llm.generate(prompts, params, use_tqdm=False)
+    metrics = llm.get_metrics()
+    assert metrics["num_preemptions"] > 0 and metrics["num_swapped_out"] == 0
+
+
+def test_scheduling_rules_are_refused_by_the_reference_engine(tiny_model) -> None:
+    with pytest.raises(
+        ValueError, match=r"scheduling rules \(chunk_rule\) plug into the paged engine"
+    ):
+        LLM(tiny_model("llama"), engine="reference", chunk_rule=lambda n, left, chunked: n)

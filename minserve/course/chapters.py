@@ -126,6 +126,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             "order while the token budget, the seats and the blocks last. Plug your class\n"
             "into the engine with `LLM(scheduler_cls=Scheduler)`.\n"
             '"""\n\n'
+            "from collections.abc import Callable\n\n"
             "from minserve.config import SchedulerConfig\n"
             "from minserve.kvcache.manager import KVCacheManager\n"
             "from minserve.messages import (\n"
@@ -136,12 +137,33 @@ CHAPTERS: tuple[Chapter, ...] = (
             "    SchedulerOutput,\n"
             ")\n"
             "from minserve.request import StopRules\n"
+            "from minserve.scheduler.budget import prefill_chunk\n"
             "from minserve.scheduler.policy import get_policy\n"
+            "from minserve.scheduler.preemption import PreemptionMode, preemption_mode\n"
             "from minserve.scheduler.scheduler import ScheduledSeq, SchedulerStats, StepPlan\n"
             "from minserve.scheduler.sequence import SeqStatus, Sequence\n"
             "from minserve.scheduler.draft_planner import DraftPlanner\n"
         ),
         checks="minserve.course.checks_ch03",
+    ),
+    Chapter(
+        number="04",
+        slug="chunked_prefill_and_preemption",
+        title="Chunked prefill and preemption",
+        module="ch04_chunked_prefill",
+        sources=("scheduler/budget.py", "scheduler/preemption.py"),
+        header=(
+            '"""Chapter 04, Chunked prefill and preemption: the scheduler\'s two decisions\n'
+            "when time or memory runs short.\n\n"
+            "`prefill_chunk`: how many tokens a sequence computes out of what is left of the\n"
+            "step's token budget (Sarathi-Serve's chunked prefill). `preemption_mode`:\n"
+            "whether a preempted sequence's blocks go to the host swap space or are freed and\n"
+            "recomputed (vLLM). Plug yours into the engine with\n"
+            "`LLM(chunk_rule=prefill_chunk, preemption_rule=preemption_mode)`.\n"
+            '"""\n\n'
+            "from minserve.scheduler.preemption import PreemptionMode\n"
+        ),
+        checks="minserve.course.checks_ch04",
     ),
     Chapter(
         number="05",

@@ -113,10 +113,11 @@ class KVCacheManager:
         (speculative decoding: the slots of rejected drafts)."""
         table.truncate(self.allocator, num_tokens)
 
-    def can_swap_out(self, table: BlockTable) -> bool:
-        if self.swap is None or not table.blocks:
-            return False
-        return self.swap.can_swap_out(len(table.blocks))
+    def swap_room(self) -> tuple[int, int]:
+        """(bytes per block, free bytes) of the host swap space; (0, 0) without one."""
+        if self.swap is None:
+            return 0, 0
+        return self.swap.block_nbytes, self.swap.capacity_bytes - self.swap.used_bytes
 
     def swap_out(self, key: int, table: BlockTable) -> None:
         """The blocks go to host memory (a block operation) and back to the allocator."""
