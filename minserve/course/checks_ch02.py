@@ -372,9 +372,10 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "exp2(lse - the largest lse) (no overflow, and the empty splits give exp2(-inf) = "
         "0); load the parts [BLOCK_SPLITS, BLOCK_D] masked (other=0.0); out = sum of "
         "weights[:, None] * parts over the splits, divided by the sum of the weights.",
-        "weights: tl.exp2 of lse minus tl.max(lse, axis=0); the parts' addresses are part_ptr "
-        "+ seq * stride_ps + head * stride_ph + splits[:, None] * stride_psplit + "
-        "dims[None, :], loaded with the 2-D mask and other=0.0; out: tl.sum over axis 0 of "
-        "weights[:, None] * parts, over tl.sum of the weights.",
+        "weights: tl.exp2 of lse minus tl.max(lse, axis=0); a part's address adds, to "
+        "part_ptr, the sequence's and the head's offsets (their strides), the split index "
+        "(a column, times the split stride) and the dims (a row); load with the 2-D mask "
+        "and other=0.0; out: tl.sum over axis 0 of the weighted parts, over tl.sum of the "
+        "weights.",
     ),
 }

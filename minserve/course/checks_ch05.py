@@ -375,11 +375,11 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "node. insert: match first, then hang the rest as one leaf and share its blocks. "
         "evict: a heap of unlocked leaves by last_access; pop, free from the tail, remove "
         "empty leaves, push a parent that became an unlocked leaf.",
-        "In match_prefix: `child = node.children.get(self._child_key(token_ids, pos))`, "
-        "`shared = self._shared_blocks(child.key, token_ids, pos)`, then "
-        "`node = self._split(child, shared) if shared < len(child.blocks) else child`. "
-        "In evict: `heap = [(leaf.last_access, id(leaf), leaf) for leaf in "
-        "self._evictable_leaves()]`, and free `leaf.blocks[-take:]` before trimming leaf.key.",
+        "In match_prefix: look the child up in node.children by self._child_key(...) at "
+        "pos; count the agreeing blocks with self._shared_blocks(...); self._split the "
+        "child when fewer than all its blocks agree. In evict: build the heap from "
+        "self._evictable_leaves() as (last_access, id, leaf) triples (the id breaks ties), "
+        "and free the tail of leaf.blocks before trimming leaf.key.",
     ),
     "5.2": (
         "A policy is a sort key: lower tuples run first. Longest prefix match ranks waiting "
@@ -389,8 +389,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "max_wait_s. cached_tokens: a sequence that already holds blocks counts its computed "
         "tokens; otherwise ask the KV manager. __call__: group 0 for sequences not WAITING "
         "and starved ones, group 1 for the rest; then minus the cached tokens; then FCFS.",
-        "`fcfs = (seq.arrival_time, seq.order)`; a group-0 key looks like `(0, 0, *fcfs)`, a "
-        "group-1 key like `(1, -cached, *fcfs)`; `cached_tokens` reads "
+        "FCFS is the pair (arrival time, order); a group-0 key looks like `(0, 0, *that "
+        "pair)`, a group-1 key like `(1, -cached, *that pair)`; `cached_tokens` reads "
         "`self.kv.cached_tokens(seq.token_ids)` when `seq.block_table.blocks` is empty.",
     ),
 }

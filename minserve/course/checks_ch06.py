@@ -260,9 +260,9 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Loop over positions i: draw u uniform with the generator, keep d while "
         "u * q_i(d) < p_i(d), else append a draw from residual_distribution(p_i, q_i) and "
         "return. After the loop, append a draw from target_probs[k].",
-        "`u = torch.rand((), generator=generator)`; `if u * draft_probs[i, d] < "
-        "target_probs[i, d]: tokens.append(d)`; otherwise `torch.multinomial(residual, 1, "
-        "generator=generator)` gives the replacement.",
+        "u is a 0-d torch.rand drawn with the generator; keep d when u times "
+        "draft_probs[i, d] is below target_probs[i, d]; otherwise torch.multinomial on the "
+        "residual (one sample, the same generator) gives the replacement.",
     ),
     "6.3": (
         "Prompt lookup guesses that what followed an earlier occurrence of the context "
@@ -279,7 +279,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "back to shorter ones; propose at most k of the tokens that followed the match.",
         "For n from min(max_n, len - 1) down to min_n: find the latest earlier match; on "
         "the first hit, return the slice after it, at most k long. No hit at any n: [].",
-        "`start = latest_earlier_match(token_ids, n)`; when it is not None, the draft is "
-        "`token_ids[start + n : ...]`, cut to k tokens.",
+        "Ask latest_earlier_match for the start of the match at this n; when there is one, "
+        "the draft is the slice of token_ids that begins n tokens after it, cut to k.",
     ),
 }

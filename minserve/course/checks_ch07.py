@@ -283,7 +283,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "rank. forward: slice x first if it is whole, multiply without the bias, all-reduce, "
         "then add the bias.",
         "`weight[:, self.cols.start : self.cols.stop]`; `partial = F.linear(x, "
-        "self.weight)`; `y = self.comm.all_reduce(partial)`; the bias goes on y, not on "
+        "self.weight)`; all-reduce the partial sums with self.comm; the bias goes on the "
+        "sum, not on "
         "partial (or it would be added world_size times).",
     ),
     "7.3": (

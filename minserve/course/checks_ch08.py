@@ -454,7 +454,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "recompute from the measured seconds per prefill token, infinite before any was "
         "measured), then let the policy decide (forced, or the cheaper with ties to "
         "transfer), then log one line and return a TransferDecision.",
-        "transfer_s = self.latency_s + kv_bytes / self.bandwidth_bytes_s; when "
+        "transfer seconds: the link's latency plus the bytes over its bandwidth; when "
         "self.recompute_s_per_token is None use float('inf'); the choice is policy "
         "'transfer', or policy 'auto' with transfer_s <= recompute_s; log.info(...) names "
         "the request id and 'transfer' or 'recompute'.",
@@ -466,8 +466,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "If the offer carries KV, try add_prefilled with with_kv=True and answer True; "
         "catch MemoryError (no room). In every other case, add_prefilled with "
         "with_kv=False and answer False.",
-        "args = (offer.request_id, list(offer.prompt_token_ids), offer.params, "
-        "offer.first_token); inside `if offer.with_kv:` a try/except MemoryError around "
+        "add_prefilled takes the offer's request id, prompt ids (a list), params and first "
+        "token; inside `if offer.with_kv:` a try/except MemoryError around "
         "the with_kv=True call; fall through to the with_kv=False call.",
     ),
     "8.3": (
@@ -478,9 +478,10 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "and send the blocks of each accepted request; in the finally, free every "
         "sequence's detached blocks. Do not catch the link's error: the caller reports "
         "the request lost.",
-        "acks = transfer.offer(offers); for seq, ack in zip(seqs, acks): if ack.accepted, "
-        "transfer.send_blocks(engine.worker.read_blocks(seq.block_table.blocks)); finally: "
-        "engine.scheduler.free_detached(seq) for each seq.",
+        "transfer.offer returns one ack per offer, in order; for each accepted one, "
+        "read its blocks through engine.worker.read_blocks and hand them to "
+        "transfer.send_blocks; in the finally, engine.scheduler.free_detached each "
+        "sequence.",
     ),
     "8.4": (
         "The receiver admits before it acknowledges, so an accepted offer always has blocks "
@@ -491,8 +492,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "the accepted requests' blocks inside a try: on RuntimeError abort every offered "
         "request, then raise HandOffLostError with their ids and the error's text.",
         "admitted = [admit(engine, o) for o in offers]; KVAck(o.request_id, accepted, '' "
-        "if accepted else refusal(engine, o)); after transfer.acknowledge(acks), "
-        "receive_into_blocks(engine, transfer, seq) for the accepted ones; return "
+        "if accepted else refusal(engine, o)); acknowledge them all through the transfer, "
+        "then receive_into_blocks for each accepted sequence; return "
         "(seq, ack) pairs.",
     ),
 }

@@ -434,8 +434,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "First find the least-loaded candidate (ties broken by the rotating order) and the "
         "match per replica (all zeros without a key). Then pick the best match among the "
         "candidates; no match at all means least_loaded; too busy means balance; else prefix.",
-        "least = min(self._turns.order(candidates), key=loads.__getitem__); best = "
-        "max(candidates, key=lambda r: (matched[r], -loads[r])); compare loads[best] - "
+        "least: the min over self._turns.order(candidates) by load; best: the max over the "
+        "candidates by (matched tokens, minus load); compare loads[best] - "
         "loads[least] with self.balance_threshold (strictly greater passes it over).",
     ),
     "9.2": (
