@@ -146,6 +146,17 @@ def _merge(modules: list[ModuleType], chapter: Chapter) -> ModuleType:
     return merged
 
 
+def passes(impl: ModuleType, checks: list[Check]) -> bool:
+    """Whether `impl` passes every one of `checks`: a notebook's switch from the solution to
+    the student's code once it is right."""
+    try:
+        for check in checks:
+            check(impl)
+    except Exception:  # a failed check, a stub, or a bug: not ready for the engine
+        return False
+    return True
+
+
 def run_one(check: Check, impl: Implementation, session: Session | None = None) -> CheckResult:
     """Run one check under the session's time limit and classify what happened."""
     session = session or Session()

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
+from minserve.course.check import passes
 from minserve.model.hf_loader import config_from_hf
 from minserve.model.loader import build_model
 from minserve.model.ops import ModelOps
@@ -206,12 +207,7 @@ MODEL_CHECKS: list[Callable[[ModuleType], None]] = [
 
 def passes_model_checks(impl: ModuleType) -> bool:
     """Whether `impl`'s four pieces pass every check above (the notebook's fallback switch)."""
-    try:
-        for check in MODEL_CHECKS:
-            check(impl)
-    except Exception:  # a failed check, a stub, or a bug: not ready for the engine
-        return False
-    return True
+    return passes(impl, MODEL_CHECKS)
 
 
 HINTS: dict[str, tuple[str, str, str]] = {

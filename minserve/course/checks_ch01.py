@@ -13,6 +13,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from minserve.course.check import passes  # noqa: F401  (the notebook imports it from here)
 from minserve.course.checks_ch01_block_table import (
     check_allocator_matches_a_reference_model,
     check_append_fills_the_last_block_first,
@@ -158,17 +159,6 @@ TABLE_CHECKS = [
     check_forks_free_back_to_an_empty_pool,
 ]
 CHECKS = ALLOCATOR_CHECKS + TABLE_CHECKS
-
-
-def passes(impl: ModuleType, checks: list[Callable[[ModuleType], None]]) -> bool:
-    """Whether `impl` passes every one of `checks` (the notebook's switch from the solution
-    to the student's class)."""
-    try:
-        for check in checks:
-            check(impl)
-    except Exception:  # a failed check, a stub, or a bug: not ready for the engine
-        return False
-    return True
 
 
 HINTS: dict[str, tuple[str, str, str]] = {
