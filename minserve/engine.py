@@ -35,6 +35,7 @@ from minserve.attention.triton_decode import DecodeKernels
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
+from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import host_tier_for
@@ -139,17 +140,10 @@ class LLMEngine:
             "KV pool: %d blocks of %d tokens = %d tokens, %.2f GiB",
             num_blocks, pool.block_size, num_blocks * pool.block_size, pool.nbytes / GIB,
         )  # fmt: skip
-        self.execution = loaded.execution.with_attention(attention_backend)  # how it runs
-        backend = get_attention_backend(self.execution.attention)
-        if decode_kernels is not None and attend is not None:
-            raise ValueError("give decode_kernels (chapter 02) or attend (chapter 00), not both")
-        if decode_kernels is not None:
-            backend = with_decode_kernels(self.execution.attention, decode_kernels)
-        if attend is not None:  # every sequence's K/V gathered, then `attend` per sequence
-            if attention_backend != "auto":
-                raise ValueError("give attention_backend or attend, not both")
-            backend = partial(PerSequenceAttention, attend=attend)
-            self.execution = replace(self.execution, attention="per-sequence")
+        self.execution, backend = _attention(
+            loaded.execution.with_attention(attention_backend), attention_backend,
+            decode_kernels, attend,
+        )  # fmt: skip
         self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
@@ -343,3 +337,25 @@ class LLMEngine:
     def get_metrics(self) -> dict[str, float]:
         """Engine counters and gauges (vLLM's names where it has them)."""
         return engine_metrics(self.counters, self.scheduler, self.kv, self.timings)
+
+
+def _attention(
+    execution: ExecutionConfig,
+    requested: str,
+    decode_kernels: DecodeKernels | None,
+    attend: Attend | None,
+) -> tuple[ExecutionConfig, Callable[..., Any]]:
+    """How attention runs, and the backend that builds it each step: the execution config's
+    backend, with a student's Triton decode kernels (chapter 02), or a student's `attend`
+    run once per sequence over its gathered K/V (chapter 00)."""
+    if decode_kernels is not None and attend is not None:
+        raise ValueError("give decode_kernels (chapter 02) or attend (chapter 00), not both")
+    if decode_kernels is not None:
+        return execution, with_decode_kernels(execution.attention, decode_kernels)
+    if attend is not None:
+        if requested != "auto":
+            raise ValueError("give attention_backend or attend, not both")
+        return replace(execution, attention="per-sequence"), partial(
+            PerSequenceAttention, attend=attend
+        )
+    return execution, get_attention_backend(execution.attention)
