@@ -27,6 +27,7 @@ from minserve.environment import (
     env_switch,
     kernel_cache_dir,
 )
+from minserve.kernels.cpu_ops import LINEAR_DTYPES
 from minserve.kernels.onednn import can_prepack
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,7 +39,8 @@ class ExecutionConfig:
 
     `c_kernels`: the C kernels of the decoder layers run (RMSNorm, RoPE, SiLU-and-mul,
     few-row linear, head screen): switched on, on a CPU, the library built. They take fp32
-    tensors; anything else runs the layers' torch code.
+    tensors, the few-row linear bfloat16 weights too; anything else runs the layers' torch
+    code.
     """
 
     device: torch.device
@@ -101,7 +103,8 @@ def resolve_execution(
     torch_dtype = resolve_dtype(dtype, target)
     c_kernels, missing = resolve_c_kernels(wanted, target)
     packed = prepack and can_prepack(target, torch_dtype)
-    few_rows = packed and c_kernels and torch_dtype == torch.float32  # fp32 kernels only
+    few_rows = packed and c_kernels and torch_dtype in LINEAR_DTYPES
+    exact_head = few_rows and torch_dtype == torch.float32  # the screen serves fp32 heads
     return ExecutionConfig(
         device=target,
         dtype=torch_dtype,
@@ -109,7 +112,7 @@ def resolve_execution(
         c_kernels=c_kernels,
         prepack=packed,
         linear_rows=rows if few_rows else 0,
-        greedy_screen=few_rows and screen,
+        greedy_screen=exact_head and screen,
         kernel_cache=kernel_cache_dir(env),
         c_kernels_missing=missing,
         device_why=choice.why,

@@ -62,7 +62,8 @@ def test_arguments_choose_dtype_backend_and_prepacking() -> None:
     assert resolve_execution("cpu", attention="torch", environ={}).attention == "torch"
     bf16 = resolve_execution("cpu", "bfloat16", environ={})
     assert bf16.dtype == torch.bfloat16 and bf16.attention == "cpu"  # as "auto" always chose
-    assert bf16.linear_rows == 0 and not bf16.greedy_screen  # fp32 kernels only
+    assert bf16.linear_rows == ("measured" if bf16.prepack else 0)  # bf16 weights streamed
+    assert not bf16.greedy_screen  # the screen serves fp32 heads only
     plain = resolve_execution("cpu", prepack=False, environ={})
     assert not plain.prepack and plain.linear_rows == 0 and not plain.greedy_screen
     assert plain.c_kernels and plain.attention == "cpu"

@@ -101,13 +101,24 @@ def test_each_layer_shape_is_measured_apart(monkeypatch) -> None:
     assert [m.kernel_rows for m in model] == [16, 1]
 
 
-def test_bfloat16_layers_stay_on_onednn(monkeypatch) -> None:
-    monkeypatch.setattr(linear_choice, "_chosen", {})
-    monkeypatch.setattr(linear_choice, "measure", lambda linears, rows: pytest.fail("measured"))
+def test_bfloat16_layers_are_measured_as_fp32_ones_are(monkeypatch) -> None:
     if not can_prepack(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this CPU has no oneDNN bfloat16 path")
+    monkeypatch.setattr(linear_choice, "_chosen", {})
+    measured = []
+    monkeypatch.setattr(
+        linear_choice, "measure", lambda linears, rows: measured.append(rows) or (1.0, 0.5)
+    )
     layer = PackedLinear(nn.Linear(64, 64).to(torch.bfloat16))
-    assert tune_kernel_rows(layer) == {(64, 64, torch.bfloat16, True): 0}
+    assert tune_kernel_rows(layer) == {(64, 64, torch.bfloat16, True): 16}
+    assert measured == [1, 4, 8, 12, 16]
+
+
+def test_the_kernel_takes_no_float16_weights(monkeypatch) -> None:
+    monkeypatch.setattr(linear_choice, "_chosen", {})
+    monkeypatch.setattr(linear_choice, "measure", lambda linears, rows: pytest.fail("measured"))
+    layer = nn.Linear(64, 64).to(torch.float16)
+    assert not linear_choice.cpu_ops.linear_applies(layer.weight.detach(), layer.weight.detach())
 
 
 def test_a_fixed_row_count_is_set_without_measuring(monkeypatch) -> None:

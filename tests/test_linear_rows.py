@@ -1,7 +1,8 @@
 """The few-row linear kernel (`kernels/linear_rows.c`) against the same products summed
 exactly (fp64), over every remainder it handles: rows of x in groups of four and the 3, 2,
 1 left, weight rows in blocks of four and the rest, inputs with no whole 16-float vector at
-the end; with and without a bias; then a model's greedy tokens with it on and off."""
+the end; with and without a bias; bfloat16 weights (read as their bits, summed in fp32)
+against the same sums; then a model's greedy tokens with it on and off, in both dtypes."""
 
 from __future__ import annotations
 
@@ -55,6 +56,43 @@ def test_the_sums_differ_from_f_linear_only_by_rounding_on_real_weights() -> Non
     got, want = cpu_ops.linear_rows(x, layer._weight, None), F.linear(x, layer.weight)
     scale = x.abs() @ layer.weight.abs().T  # |x| . |w|: what fp32 rounding is relative to
     assert ((got - want).abs() <= 1e-6 * scale + 1e-7).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+@pytest.mark.parametrize(("out_features", "in_features"), [(64, 576), (67, 37), (5, 1)])
+def test_bfloat16_weights_give_the_fp32_sums_of_their_values(
+    rows: int, out_features: int, in_features: int
+) -> None:
+    x = randn(rows, in_features).bfloat16()
+    weight, bias = (randn(out_features, in_features) * 0.05).bfloat16(), randn(out_features)
+    got = cpu_ops.linear_rows(x, weight, bias.bfloat16())
+    assert got.shape == (rows, out_features) and got.dtype == torch.bfloat16
+    want = F.linear(x.double(), weight.double(), bias.bfloat16().double())  # exact sums
+    # the fp32 sums, then one rounding to bfloat16 (8 significant bits): within 2**-8 relative
+    scale = x.double().abs() @ weight.double().abs().T + bias.bfloat16().double().abs()
+    assert ((got.double() - want).abs() <= 2**-8 * scale + 1e-6).all()
+
+
+def test_bfloat16_agrees_with_torchs_bfloat16_linear_to_one_rounding() -> None:
+    weight, x = (randn(1536, 576) * 0.05).bfloat16(), randn(4, 576).bfloat16()
+    got, want = cpu_ops.linear_rows(x, weight, None).float(), F.linear(x, weight).float()
+    ulp = 2.0 ** (torch.frexp(want.abs()).exponent - 8)  # one bf16 step at each value
+    order = 1e-5 * (x.float().abs() @ weight.float().abs().T)  # fp32 sums in another order
+    assert ((got - want).abs() <= ulp + order).all()
+
+
+def test_bfloat16_weights_are_streamed_for_a_bfloat16_model() -> None:
+    llm = LLM(dtype="bfloat16", max_num_seqs=2)
+    linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(cpu_ops.linear_applies(m._weight, m._weight) for m in linears)
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    for m in linears:
+        m.kernel_rows = 16
+    on = llm.generate(["The capital of France is"], params)[0].outputs[0].token_ids
+    for m in linears:
+        m.kernel_rows = 0
+    off = llm.generate(["The capital of France is"], params)[0].outputs[0].token_ids
+    assert on == off  # the same bf16 products in another order: the same greedy tokens here
 
 
 def test_greedy_tokens_are_the_same_with_the_kernel_on_and_off() -> None:

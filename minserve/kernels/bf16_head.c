@@ -5,8 +5,6 @@
  * the head is a fifth of SmolLM2's weights: reading it in bfloat16 halves those bytes. The
  * products are summed in fp32; greedy_head.py bounds how far these logits can be from the
  * fp32 ones and re-checks the few tokens that could still be the argmax.
- *
- * A bfloat16 is the top half of a float32, so widening one is a 16-bit shift.
  */
 
 #include <math.h>
@@ -23,25 +21,6 @@
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=fast")
 #endif
-
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-
-static inline float widen(uint16_t v) {
-    const uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline f32x16 widen16(const uint16_t *p) {
-    u16x16 half;
-    memcpy(&half, p, sizeof half);
-    const u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
-    f32x16 f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 /* Four rows of x against one weight row: the weight is widened once for all four. */
 static void dot4(const uint16_t *restrict w, const float *x0, const float *x1,

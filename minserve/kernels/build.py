@@ -37,6 +37,7 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "rope_f32": (None, [_ptr] * 4 + [_i64] * 4),
     "silu_mul_f32": (None, [_ptr] * 2 + [_i64] * 4),
     "linear_rows_f32": (None, [_ptr] * 4 + [_i64] * 3),
+    "linear_rows_bf16": (None, [_ptr] * 4 + [_i64] * 3),
     "bf16_logits_f32": (None, [_ptr] * 3 + [_i64] * 3),
     "screen_candidates_f32": (None, [_ptr] * 6 + [_i64] * 2),
 }

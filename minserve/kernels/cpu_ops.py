@@ -66,17 +66,38 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out if rows is gate_up else out.view(*gate_up.shape[:-1], inner)
 
 
+LINEAR_DTYPES = (torch.float32, torch.bfloat16)  # the weights `linear_rows.c` reads
+
+
+def linear_applies(rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when the few-row kernel can stand in for a linear layer: CPU rows and weight of
+    one dtype, fp32 or bfloat16, outside autograd, with the C kernels built."""
+    dtype = weight.dtype
+    if dtype not in LINEAR_DTYPES or rows.dtype is not dtype or not (rows.is_cpu and weight.is_cpu):
+        return False
+    if torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad):
+        return False
+    return cpu_kernels() is not None
+
+
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """A few rows through a linear layer: x [N, in] . weight [out, in]^T (+ bias [out]) ->
-    [N, out], fp32, the weight streamed once (`linear_rows.c`)."""
-    x = x.contiguous()
+    [N, out] in x's dtype, the weight streamed once (`linear_rows.c`).
+
+    An fp32 weight is read as it is; a bfloat16 one as its raw bits, widened in the kernel,
+    with x taken to fp32 first and the fp32 sums rounded back to bfloat16 at the end: the
+    products and sums of torch's bfloat16 linear, in another order."""
+    kernels = cpu_kernels()
+    kernel = kernels.linear_rows_bf16 if weight.dtype is torch.bfloat16 else kernels.linear_rows_f32
+    x32 = x.to(torch.float32).contiguous()  # [N, in]; x itself when it is fp32 and contiguous
+    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
     num_rows, out_features = x.shape[0], weight.shape[0]
     out = torch.empty((num_rows, out_features), dtype=torch.float32)
-    cpu_kernels().linear_rows_f32(
-        out.data_ptr(), x.data_ptr(), weight.data_ptr(),
-        None if bias is None else bias.data_ptr(), num_rows, out_features, weight.shape[1],
+    kernel(
+        out.data_ptr(), x32.data_ptr(), weight.data_ptr(),
+        None if bias32 is None else bias32.data_ptr(), num_rows, out_features, weight.shape[1],
     )  # fmt: skip
-    return out
+    return out.to(x.dtype)
 
 
 def bf16_logits(bits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

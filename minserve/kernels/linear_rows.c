@@ -1,8 +1,11 @@
-/* A linear layer for a decode step's few rows: out = x . w^T (+ bias), fp32 (`cpu_ops.linear_rows`).
+/* A linear layer for a decode step's few rows: out = x . w^T (+ bias) (`cpu_ops.linear_rows`).
  *
- * out[b, r] = sum_h w[r, h] * x[b, h] (+ bias[r]), w row-major [n, k], x [m, k], out [m, n].
+ * out[b, r] = sum_h w[r, h] * x[b, h] (+ bias[r]), w row-major [n, k], x [m, k], out [m, n],
+ * x and out fp32, w fp32 (`linear_rows_f32`) or bfloat16 (`linear_rows_bf16`: its raw bits,
+ * widened as they are read, the sums in fp32).
  * With a handful of rows the product is memory-bound: every weight byte is read once a step
- * and used m times. GEMM libraries are built for the other case; on the Xeon we measured,
+ * and used m times, so a bfloat16 weight halves the step's main cost. GEMM libraries are
+ * built for the other case; on the Xeon we measured,
  * oneDNN's packed kernel and MKL's both left part of the memory bandwidth unused for m <= 12
  * (`benchmarks/linear_rows.md`). Here the weight streams in blocks of four rows, each block
  * used for four rows of x at a time while the next block is fetched into L2.
@@ -25,24 +28,43 @@
 
 enum { ROWS = 4, XS = 4 };
 
+/* The weight's storage: fp32, or bfloat16 bits. Every function below takes it as a constant
+ * and is inlined, so the compiler builds one loop per format from one text. */
+typedef enum { F32, BF16 } Format;
+
+static inline __attribute__((always_inline)) f32x16 wload16(const void *w, int64_t i,
+                                                           Format f) {
+    return f == BF16 ? widen16((const uint16_t *)w + i) : load16((const float *)w + i);
+}
+
+static inline __attribute__((always_inline)) float wload(const void *w, int64_t i, Format f) {
+    return f == BF16 ? widen(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+static inline __attribute__((always_inline)) const void *wrow(const void *w, int64_t i,
+                                                             Format f) {
+    return (const char *)w + i * (f == BF16 ? 2 : 4);  /* element i of w */
+}
+
 /* ROWS weight rows (w, row-major, k apart) against nx <= XS rows of x; out[j * ldo + i] is
  * row j of x against weight row i. Where `ahead` is set, the block it points to is fetched
  * into L2 (prefetch hint 2) as this one is read: one line per row and step, spread over the
  * loop. Prefetching a whole block at once, or into L1, measured slower. Inlined with nx a
  * constant, so the sums stay in registers (16 + 4 + 1 of AVX-512's 32). */
-static inline __attribute__((always_inline)) void block(const float *restrict w,
+static inline __attribute__((always_inline)) void block(const void *restrict w,
                                                         const float *restrict x, int nx,
-                                                        int64_t k, const float *ahead,
-                                                        float *restrict out, int64_t ldo) {
+                                                        int64_t k, const void *ahead,
+                                                        float *restrict out, int64_t ldo,
+                                                        Format f) {
     f32x16 sums[ROWS][XS];
     for (int i = 0; i < ROWS; i++)
         for (int j = 0; j < nx; j++) sums[i][j] = (f32x16){0};
     int64_t h = 0;
     for (; h + LANES <= k; h += LANES) {
         f32x16 wv[ROWS];
-        for (int i = 0; i < ROWS; i++) wv[i] = load16(w + i * k + h);
+        for (int i = 0; i < ROWS; i++) wv[i] = wload16(w, i * k + h, f);
         if (ahead)
-            for (int i = 0; i < ROWS; i++) __builtin_prefetch(ahead + i * k + h, 0, 2);
+            for (int i = 0; i < ROWS; i++) __builtin_prefetch(wrow(ahead, i * k + h, f), 0, 2);
         for (int j = 0; j < nx; j++) {
             const f32x16 xv = load16(x + j * k + h);
             for (int i = 0; i < ROWS; i++) sums[i][j] += wv[i] * xv;
@@ -51,42 +73,75 @@ static inline __attribute__((always_inline)) void block(const float *restrict w,
     for (int i = 0; i < ROWS; i++)
         for (int j = 0; j < nx; j++) {
             float s = lane_sum(sums[i][j]);
-            for (int64_t t = h; t < k; t++) s += w[i * k + t] * x[j * k + t];
+            for (int64_t t = h; t < k; t++) s += wload(w, i * k + t, f) * x[j * k + t];
             out[j * ldo + i] = s;
         }
 }
 
 /* One weight row (the last n % ROWS) against one row of x. */
-static float dot(const float *restrict w, const float *restrict x, int64_t k) {
+static inline __attribute__((always_inline)) float dot(const void *restrict w,
+                                                      const float *restrict x, int64_t k,
+                                                      Format f) {
     f32x16 s = {0};
     int64_t h = 0;
-    for (; h + LANES <= k; h += LANES) s += load16(w + h) * load16(x + h);
+    for (; h + LANES <= k; h += LANES) s += wload16(w, h, f) * load16(x + h);
     float total = lane_sum(s);
-    for (; h < k; h++) total += w[h] * x[h];
+    for (; h < k; h++) total += wload(w, h, f) * x[h];
     return total;
+}
+
+/* Weight rows r .. r + ROWS - 1 against every row of x; `next`, the block after (or NULL),
+ * is fetched while the first group of x is multiplied. */
+static inline __attribute__((always_inline)) void weight_block(float *out, const float *x,
+                                                               const void *wr, const void *next,
+                                                               int64_t m, int64_t n, int64_t k,
+                                                               int64_t r, Format f) {
+    int64_t b = 0;
+    for (; b + XS <= m; b += XS)
+        block(wr, x + b * k, XS, k, b == 0 ? next : NULL, out + b * n + r, n, f);
+    const void *ahead = b == 0 ? next : NULL;
+    switch (m - b) {
+    case 3: block(wr, x + b * k, 3, k, ahead, out + b * n + r, n, f); break;
+    case 2: block(wr, x + b * k, 2, k, ahead, out + b * n + r, n, f); break;
+    case 1: block(wr, x + b * k, 1, k, ahead, out + b * n + r, n, f); break;
+    }
+}
+
+/* One function per format, so that each is compiled with its format a constant (the
+ * parallel loop below is outlined by OpenMP before anything is inlined into it). */
+typedef void (*BlockFn)(float *, const float *, const void *, const void *, int64_t, int64_t,
+                        int64_t, int64_t);
+static void weight_block_f32(float *out, const float *x, const void *wr, const void *next,
+                             int64_t m, int64_t n, int64_t k, int64_t r) {
+    weight_block(out, x, wr, next, m, n, k, r, F32);
+}
+static void weight_block_bf16(float *out, const float *x, const void *wr, const void *next,
+                              int64_t m, int64_t n, int64_t k, int64_t r) {
+    weight_block(out, x, wr, next, m, n, k, r, BF16);
+}
+
+static void linear_rows(float *out, const float *x, const void *w, const float *bias, int64_t m,
+                        int64_t n, int64_t k, Format f) {
+    const int64_t blocks = n / ROWS;
+    const BlockFn run = f == BF16 ? weight_block_bf16 : weight_block_f32;
+#pragma omp parallel for schedule(static)
+    for (int64_t q = 0; q < blocks; q++) {
+        const void *wr = wrow(w, q * ROWS * k, f);
+        run(out, x, wr, q + 1 < blocks ? wrow(wr, ROWS * k, f) : NULL, m, n, k, q * ROWS);
+    }
+    for (int64_t r = blocks * ROWS; r < n; r++)
+        for (int64_t b = 0; b < m; b++) out[b * n + r] = dot(wrow(w, r * k, f), x + b * k, k, f);
+    if (bias)
+        for (int64_t b = 0; b < m; b++)
+            for (int64_t r = 0; r < n; r++) out[b * n + r] += bias[r];
 }
 
 void linear_rows_f32(float *out, const float *x, const float *w, const float *bias, int64_t m,
                      int64_t n, int64_t k) {
-    const int64_t blocks = n / ROWS;
-#pragma omp parallel for schedule(static)
-    for (int64_t q = 0; q < blocks; q++) {
-        const int64_t r = q * ROWS;
-        const float *wr = w + r * k;
-        const float *next = q + 1 < blocks ? wr + ROWS * k : NULL;
-        int64_t b = 0;
-        for (; b + XS <= m; b += XS)  /* the first group of x fetches the next block */
-            block(wr, x + b * k, XS, k, b == 0 ? next : NULL, out + b * n + r, n);
-        const float *ahead = b == 0 ? next : NULL;
-        switch (m - b) {
-        case 3: block(wr, x + b * k, 3, k, ahead, out + b * n + r, n); break;
-        case 2: block(wr, x + b * k, 2, k, ahead, out + b * n + r, n); break;
-        case 1: block(wr, x + b * k, 1, k, ahead, out + b * n + r, n); break;
-        }
-    }
-    for (int64_t r = blocks * ROWS; r < n; r++)
-        for (int64_t b = 0; b < m; b++) out[b * n + r] = dot(w + r * k, x + b * k, k);
-    if (bias)
-        for (int64_t b = 0; b < m; b++)
-            for (int64_t r = 0; r < n; r++) out[b * n + r] += bias[r];
+    linear_rows(out, x, w, bias, m, n, k, F32);
+}
+
+void linear_rows_bf16(float *out, const float *x, const uint16_t *w, const float *bias,
+                      int64_t m, int64_t n, int64_t k) {
+    linear_rows(out, x, w, bias, m, n, k, BF16);
 }

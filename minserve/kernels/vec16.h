@@ -17,6 +17,26 @@ static inline f32x16 load16(const float *p) {
     return v;
 }
 
+/* A bfloat16 is the top half of a float32, so widening one is a 16-bit shift. */
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
+static inline float widen(uint16_t v) {
+    const uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline f32x16 widen16(const uint16_t *p) {
+    u16x16 half;
+    memcpy(&half, p, sizeof half);
+    const u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
+    f32x16 f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* The 16 lanes added by halves: 16 -> 8 -> 4, then the last four. */
 static inline float lane_sum(f32x16 v) {
     f32x8 lo, hi;

@@ -76,8 +76,8 @@ def shape_of(layer: PackedLinear) -> Shape:
 
 
 def kernel_applies(layer: PackedLinear) -> bool:
-    """fp32 weights with the C kernels built (`cpu_ops.applies`)."""
-    return cpu_ops.applies(layer._weight)
+    """fp32 or bfloat16 weights with the C kernels built (`cpu_ops.linear_applies`)."""
+    return cpu_ops.linear_applies(layer._weight, layer._weight)
 
 
 _chosen: dict[tuple, int] = {}  # per process: every model of these shapes chooses alike

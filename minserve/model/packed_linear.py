@@ -35,9 +35,9 @@ class PackedLinear(nn.Module):
 
     `weight` and `bias` stay as they were (a tied embedding shares the weight, and
     `state_dict()` still names it); `packed` is the reordered copy the forward reads.
-    Inputs of at most `kernel_rows` rows (fp32) go to the few-row C kernel on `weight`
-    instead (`cpu_ops.linear_rows`; `linear_choice.py` measures where it wins), while the
-    `c_kernels` switch is on (`CausalLM.use_c_kernels`).
+    Inputs of at most `kernel_rows` rows (fp32 or bfloat16) go to the few-row C kernel on
+    `weight` instead (`cpu_ops.linear_rows`; `linear_choice.py` measures where it wins),
+    while the `c_kernels` switch is on (`CausalLM.use_c_kernels`).
     """
 
     kernel_rows: int = 0
@@ -57,7 +57,8 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
         num_rows = rows.shape[0]
-        if num_rows <= self.kernel_rows and self.c_kernels and cpu_ops.applies(rows):
+        few = num_rows <= self.kernel_rows and self.c_kernels
+        if few and cpu_ops.linear_applies(rows, self._weight):
             out = cpu_ops.linear_rows(rows, self._weight, self._bias)  # [N, out]
             return out if rows is x else out.view(*x.shape[:-1], self.out_features)
         padded = padded_rows(num_rows)
