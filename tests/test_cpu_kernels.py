@@ -20,7 +20,9 @@ from minserve.attention.paged_cpu import CpuPagedAttention
 from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.execution import resolve_execution
 from minserve.kernels import build, cpu_ops
+from minserve.llm import LLM
 from minserve.model.llama import RMSNorm, RotaryEmbedding, Rotation
+from minserve.sampling_params import SamplingParams
 from minserve.viz.kernel_timing import SMOLLM2_SHAPES
 
 GEN = torch.Generator().manual_seed(0)
@@ -154,8 +156,10 @@ def test_silu_and_mul_propagates_nan() -> None:
 
 
 class Pool:
-    def __init__(self, num_blocks: int, block_size: int, heads: int, dim: int) -> None:
-        self.kv = randn(2, 2, num_blocks, block_size, heads, dim)
+    def __init__(
+        self, num_blocks: int, block_size: int, heads: int, dim: int, dtype=torch.float32
+    ) -> None:
+        self.kv = randn(2, 2, num_blocks, block_size, heads, dim).to(dtype)
 
     def k_cache(self, layer: int) -> torch.Tensor:
         return self.kv[layer, 0]
@@ -164,19 +168,25 @@ class Pool:
         return self.kv[layer, 1]
 
 
-@pytest.mark.parametrize("block_size", [16, 5])  # 5: blocks end inside a chunk of 16 keys
-@pytest.mark.parametrize(("num_seqs", "max_context"), [(1, 2000), (19, 300)])
-def test_many_long_decodes_match_torch(num_seqs: int, max_context: int, block_size: int) -> None:
-    """Long contexts and more (sequence, head) tasks than threads, SmolLM2's head shapes."""
-    num_heads, num_kv_heads, head_dim = 9, 3, 64
+def random_decodes(num_seqs: int, max_context: int, block_size: int) -> tuple:
+    """num_seqs decodes of random contexts, their blocks scattered over a pool: the
+    metadata and the pool's size in blocks."""
     contexts = torch.randint(1, max_context, (num_seqs,), generator=GEN).tolist()
     needed = [-(-c // block_size) for c in contexts]
     order = torch.randperm(sum(needed), generator=GEN).tolist()
     tables = [[order.pop() for _ in range(n)] for n in needed]
     slots = [t[(c - 1) // block_size] * block_size + (c - 1) % block_size
              for t, c in zip(tables, contexts)]  # fmt: skip
-    metadata = AttentionMetadata.build([1] * num_seqs, contexts, tables, slots)
-    pool, copy = Pool(sum(needed), block_size, num_kv_heads, head_dim), Pool(1, 1, 1, 1)
+    return AttentionMetadata.build([1] * num_seqs, contexts, tables, slots), sum(needed)
+
+
+@pytest.mark.parametrize("block_size", [16, 5])  # 5: blocks end inside a chunk of 16 keys
+@pytest.mark.parametrize(("num_seqs", "max_context"), [(1, 2000), (19, 300)])
+def test_many_long_decodes_match_torch(num_seqs: int, max_context: int, block_size: int) -> None:
+    """Long contexts and more (sequence, head) tasks than threads, SmolLM2's head shapes."""
+    num_heads, num_kv_heads, head_dim = 9, 3, 64
+    metadata, num_blocks = random_decodes(num_seqs, max_context, block_size)
+    pool, copy = Pool(num_blocks, block_size, num_kv_heads, head_dim), Pool(1, 1, 1, 1)
     copy.kv = pool.kv.clone()
     q = randn(num_seqs, num_heads, head_dim)
     k, v = randn(num_seqs, num_kv_heads, head_dim), randn(num_seqs, num_kv_heads, head_dim)
@@ -184,6 +194,38 @@ def test_many_long_decodes_match_torch(num_seqs: int, max_context: int, block_si
     expected = TorchPagedAttention(copy, metadata)(1, q, k, v)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(pool.kv, copy.kv)  # the same slots written
+
+
+@pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (64, 5), (24, 4)])
+def test_a_bfloat16_pool_gives_the_fp32_attention_of_its_values(
+    head_dim: int, block_size: int
+) -> None:
+    """A bfloat16 pool, queries and new k/v: the kernel's output is the fp32 attention over
+    those same values, rounded once to bfloat16 (head_dim 24: the one-key-at-a-time loops)."""
+    num_seqs, num_heads, num_kv_heads = 7, 9, 3
+    metadata, num_blocks = random_decodes(num_seqs, 300, block_size)
+    pool = Pool(num_blocks, block_size, num_kv_heads, head_dim, torch.bfloat16)
+    exact = Pool(1, 1, 1, 1)
+    exact.kv = pool.kv.float()  # the same values in fp32
+    q = randn(num_seqs, num_heads, head_dim).bfloat16()
+    k = randn(num_seqs, num_kv_heads, head_dim).bfloat16()
+    v = randn(num_seqs, num_kv_heads, head_dim).bfloat16()
+    out = CpuPagedAttention(pool, metadata)(1, q, k, v)
+    expected = TorchPagedAttention(exact, metadata)(1, q.float(), k.float(), v.float())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=1e-3)
+    assert torch.equal(pool.kv.float(), exact.kv)  # the same slots written, the same values
+
+
+def test_a_bfloat16_model_decodes_alike_on_the_c_kernels_and_on_torch() -> None:
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    tokens = {}
+    for backend in ("cpu", "torch"):
+        llm = LLM(dtype="bfloat16", attention_backend=backend, max_num_seqs=2)
+        assert llm.get_execution_config().attention == backend
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert tokens["cpu"] == tokens["torch"]
 
 
 def test_a_layers_c_kernel_switch_turns_its_kernel_off(monkeypatch) -> None:

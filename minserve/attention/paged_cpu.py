@@ -3,11 +3,15 @@
 Per layer: the step's k/v go to their slots in one C call; every decode attends in one C
 call that reads its blocks in place through its block table (`kernels/paged_attention.c`);
 prefill and extend chunks, few and long, run torch's attention as in `paged_torch.py`,
-their reference and fallback. The kernels are fp32: another dtype, or a machine where the
-library cannot be built, runs the plain-torch path for the whole step.
+their reference and fallback. The kernels read an fp32 or a bfloat16 pool (a bfloat16 one
+halves the bytes a decode reads; its keys and values are widened as they are read and the
+sums kept in fp32); another dtype, or a machine where the library cannot be built, runs the
+plain-torch path for the whole step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,22 +71,35 @@ class CpuPagedAttention:
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
         """k, v [T, Hkv, D] (rows may be strided, each row contiguous) -> their slots."""
-        check_rows(k, v)
-        slots = self.metadata.slot_mapping
-        self.lib.store_kv_f32(
-            k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(),
-            slots.data_ptr(), slots.numel(), k.stride(0), v.stride(0), k[0].numel(),
+        check_rows(k_cache.dtype, k, v)
+        slots, size = self.metadata.slot_mapping, k.element_size()
+        self.lib.store_kv(
+            k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
+            slots.numel(), k.stride(0) * size, v.stride(0) * size, k[0].numel() * size,
         )  # fmt: skip
 
     def decode(
         self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> None:
-        """Every decode's attention, written into its row of `out` [T, Hq, D]."""
-        check_rows(q, out)
+        """Every decode's attention, written into its row of `out` [T, Hq, D]. The kernel
+        takes fp32 queries and outputs: a bfloat16 step's are converted on the way."""
+        check_rows(k_cache.dtype, q, out)
+        if k_cache.dtype == torch.bfloat16:
+            q32, out32 = q.float(), torch.empty(q.shape, dtype=torch.float32)  # [T, Hq, D]
+            self.run_decode(self.lib.paged_decode_bf16, out32, q32, k_cache, v_cache)
+            out[self.decode_rows] = out32[self.decode_rows].to(out.dtype)
+        else:
+            self.run_decode(self.lib.paged_decode_f32, out, q, k_cache, v_cache)
+
+    def run_decode(
+        self, kernel: Callable[..., int], out: torch.Tensor, q: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """One call of the decode kernel: q, out fp32 [T, Hq, D]; the pool in its dtype."""
         _, num_heads, head_dim = q.shape
         block_size, num_kv_heads = k_cache.shape[1:3]
         scale = self.scale if self.scale is not None else head_dim**-0.5
-        status = self.lib.paged_decode_f32(
+        status = kernel(
             out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
             self.tables.data_ptr(), self.context_lens.data_ptr(),
             self.decode_seqs.data_ptr(), self.decode_rows.data_ptr(), self.decode_seqs.numel(),
@@ -90,7 +107,7 @@ class CpuPagedAttention:
             num_heads, num_kv_heads, head_dim, scale,
         )  # fmt: skip
         if status != 0:
-            raise MemoryError("paged_decode_f32 could not allocate its score buffers")
+            raise MemoryError("the paged decode kernel could not allocate its score buffers")
 
 
 def fresh_prefill(
@@ -109,17 +126,21 @@ def fresh_prefill(
     return out[0].transpose(0, 1)
 
 
+CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the pools `paged_attention.c` reads
+
+
 def uses_kernels(cache: torch.Tensor) -> bool:
-    """The C kernels take an fp32, contiguous, host-memory pool layer."""
-    return cache.device.type == "cpu" and cache.dtype == torch.float32 and cache.is_contiguous()
+    """The C kernels take an fp32 or bfloat16, contiguous, host-memory pool layer."""
+    return cache.device.type == "cpu" and cache.dtype in CACHE_DTYPES and cache.is_contiguous()
 
 
-def check_rows(*tensors: torch.Tensor) -> None:
-    """The kernels step over tokens by stride but read each token's heads as one run."""
+def check_rows(dtype: torch.dtype, *tensors: torch.Tensor) -> None:
+    """The kernels step over tokens by stride but read each token's heads as one run, in the
+    pool's dtype."""
     for t in tensors:
         _, heads, dim = t.shape
-        if t.stride(2) != 1 or t.stride(1) != dim or t.dtype != torch.float32:
+        if t.stride(2) != 1 or t.stride(1) != dim or t.dtype != dtype:
             raise ValueError(
-                f"the CPU kernels need fp32 [T, H, D] tensors with contiguous heads; got "
-                f"{t.dtype} of shape {tuple(t.shape)} and strides {t.stride()}"
+                f"the CPU kernels need {dtype} [T, H, D] tensors with contiguous heads, as the "
+                f"KV pool; got {t.dtype} of shape {tuple(t.shape)} and strides {t.stride()}"
             )

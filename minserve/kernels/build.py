@@ -31,8 +31,9 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-m
 FLAGS += ("-shared", "-fPIC", "-std=c11")
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {  # C function -> (restype, argtypes)
-    "store_kv_f32": (None, [_ptr] * 5 + [_i64] * 4),
+    "store_kv": (None, [_ptr] * 5 + [_i64] * 4),
     "paged_decode_f32": (ctypes.c_int, [_ptr] * 8 + [_i64] * 8 + [ctypes.c_float]),
+    "paged_decode_bf16": (ctypes.c_int, [_ptr] * 8 + [_i64] * 8 + [ctypes.c_float]),
     "rms_norm_f32": (None, [_ptr] * 3 + [_i64] * 4 + [ctypes.c_float]),
     "rope_f32": (None, [_ptr] * 4 + [_i64] * 4),
     "silu_mul_f32": (None, [_ptr] * 2 + [_i64] * 4),

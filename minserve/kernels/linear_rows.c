@@ -28,30 +28,12 @@
 
 enum { ROWS = 4, XS = 4 };
 
-/* The weight's storage: fp32, or bfloat16 bits. Every function below takes it as a constant
- * and is inlined, so the compiler builds one loop per format from one text. */
-typedef enum { F32, BF16 } Format;
-
-static inline __attribute__((always_inline)) f32x16 wload16(const void *w, int64_t i,
-                                                           Format f) {
-    return f == BF16 ? widen16((const uint16_t *)w + i) : load16((const float *)w + i);
-}
-
-static inline __attribute__((always_inline)) float wload(const void *w, int64_t i, Format f) {
-    return f == BF16 ? widen(((const uint16_t *)w)[i]) : ((const float *)w)[i];
-}
-
-static inline __attribute__((always_inline)) const void *wrow(const void *w, int64_t i,
-                                                             Format f) {
-    return (const char *)w + i * (f == BF16 ? 2 : 4);  /* element i of w */
-}
-
 /* ROWS weight rows (w, row-major, k apart) against nx <= XS rows of x; out[j * ldo + i] is
  * row j of x against weight row i. Where `ahead` is set, the block it points to is fetched
  * into L2 (prefetch hint 2) as this one is read: one line per row and step, spread over the
  * loop. Prefetching a whole block at once, or into L1, measured slower. Inlined with nx a
  * constant, so the sums stay in registers (16 + 4 + 1 of AVX-512's 32). */
-static inline __attribute__((always_inline)) void block(const void *restrict w,
+ALWAYS_INLINE void block(const void *restrict w,
                                                         const float *restrict x, int nx,
                                                         int64_t k, const void *ahead,
                                                         float *restrict out, int64_t ldo,
@@ -62,9 +44,9 @@ static inline __attribute__((always_inline)) void block(const void *restrict w,
     int64_t h = 0;
     for (; h + LANES <= k; h += LANES) {
         f32x16 wv[ROWS];
-        for (int i = 0; i < ROWS; i++) wv[i] = wload16(w, i * k + h, f);
+        for (int i = 0; i < ROWS; i++) wv[i] = load16_as(w, i * k + h, f);
         if (ahead)
-            for (int i = 0; i < ROWS; i++) __builtin_prefetch(wrow(ahead, i * k + h, f), 0, 2);
+            for (int i = 0; i < ROWS; i++) __builtin_prefetch(element_at(ahead, i * k + h, f), 0, 2);
         for (int j = 0; j < nx; j++) {
             const f32x16 xv = load16(x + j * k + h);
             for (int i = 0; i < ROWS; i++) sums[i][j] += wv[i] * xv;
@@ -73,26 +55,26 @@ static inline __attribute__((always_inline)) void block(const void *restrict w,
     for (int i = 0; i < ROWS; i++)
         for (int j = 0; j < nx; j++) {
             float s = lane_sum(sums[i][j]);
-            for (int64_t t = h; t < k; t++) s += wload(w, i * k + t, f) * x[j * k + t];
+            for (int64_t t = h; t < k; t++) s += load_as(w, i * k + t, f) * x[j * k + t];
             out[j * ldo + i] = s;
         }
 }
 
 /* One weight row (the last n % ROWS) against one row of x. */
-static inline __attribute__((always_inline)) float dot(const void *restrict w,
+ALWAYS_INLINE float dot(const void *restrict w,
                                                       const float *restrict x, int64_t k,
                                                       Format f) {
     f32x16 s = {0};
     int64_t h = 0;
-    for (; h + LANES <= k; h += LANES) s += wload16(w, h, f) * load16(x + h);
+    for (; h + LANES <= k; h += LANES) s += load16_as(w, h, f) * load16(x + h);
     float total = lane_sum(s);
-    for (; h < k; h++) total += wload(w, h, f) * x[h];
+    for (; h < k; h++) total += load_as(w, h, f) * x[h];
     return total;
 }
 
 /* Weight rows r .. r + ROWS - 1 against every row of x; `next`, the block after (or NULL),
  * is fetched while the first group of x is multiplied. */
-static inline __attribute__((always_inline)) void weight_block(float *out, const float *x,
+ALWAYS_INLINE void weight_block(float *out, const float *x,
                                                                const void *wr, const void *next,
                                                                int64_t m, int64_t n, int64_t k,
                                                                int64_t r, Format f) {
@@ -126,11 +108,11 @@ static void linear_rows(float *out, const float *x, const void *w, const float *
     const BlockFn run = f == BF16 ? weight_block_bf16 : weight_block_f32;
 #pragma omp parallel for schedule(static)
     for (int64_t q = 0; q < blocks; q++) {
-        const void *wr = wrow(w, q * ROWS * k, f);
-        run(out, x, wr, q + 1 < blocks ? wrow(wr, ROWS * k, f) : NULL, m, n, k, q * ROWS);
+        const void *wr = element_at(w, q * ROWS * k, f);
+        run(out, x, wr, q + 1 < blocks ? element_at(wr, ROWS * k, f) : NULL, m, n, k, q * ROWS);
     }
     for (int64_t r = blocks * ROWS; r < n; r++)
-        for (int64_t b = 0; b < m; b++) out[b * n + r] = dot(wrow(w, r * k, f), x + b * k, k, f);
+        for (int64_t b = 0; b < m; b++) out[b * n + r] = dot(element_at(w, r * k, f), x + b * k, k, f);
     if (bias)
         for (int64_t b = 0; b < m; b++)
             for (int64_t r = 0; r < n; r++) out[b * n + r] += bias[r];

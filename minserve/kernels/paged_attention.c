@@ -1,4 +1,4 @@
-/* PagedAttention's two CPU kernels in C (fp32): store a step's k/v, attend for decodes.
+/* PagedAttention's two CPU kernels in C: store a step's k/v, attend for decodes.
  *
  * Plain torch runs a decode's attention as a chain of ops per layer: copy the sequence's
  * blocks out of the pool (index_select, twice), then torch's attention over the copy. For
@@ -7,8 +7,10 @@
  * block table, in one call per layer (vLLM's CPU backend does the same in C++).
  *
  * Layouts (what `paged_cpu.py` passes; strides in elements):
- *   k_cache, v_cache  [num_blocks, block_size, Hkv, D], contiguous (one layer of the pool)
- *   q, out            [T, Hq, D] with token stride q_tok, out_tok; heads and D contiguous
+ *   k_cache, v_cache  [num_blocks, block_size, Hkv, D], contiguous (one layer of the pool),
+ *                     fp32 (`paged_decode_f32`) or bfloat16 (`paged_decode_bf16`: half the
+ *                     bytes a decode reads; each key and value widened as it is read)
+ *   q, out            [T, Hq, D] fp32, token stride q_tok, out_tok; heads and D contiguous
  *   block_tables      [num_seqs, max_blocks] int32, row stride bt_stride
  * Query head h reads KV head h / (Hq / Hkv) (grouped-query attention). Each (sequence, KV
  * head) pair is one task for OpenMP: the pair's query heads share every K/V row it reads.
@@ -27,32 +29,35 @@
 #include "fast_exp.h"
 #include "vec16.h"
 
-/* Write token t's k and v (Hkv * D floats each, at row strides k_tok, v_tok) to its slot. */
-void store_kv_f32(float *k_cache, float *v_cache, const float *k, const float *v,
-                  const int64_t *slots, int64_t num_tokens, int64_t k_tok, int64_t v_tok,
-                  int64_t row) {
+/* Write token t's k and v (`row` bytes each, at byte strides k_tok, v_tok) to its slot:
+ * any dtype, the cache's own. */
+void store_kv(void *k_cache, void *v_cache, const void *k, const void *v, const int64_t *slots,
+              int64_t num_tokens, int64_t k_tok, int64_t v_tok, int64_t row) {
     for (int64_t t = 0; t < num_tokens; t++) {
-        memcpy(k_cache + slots[t] * row, k + t * k_tok, row * sizeof(float));
-        memcpy(v_cache + slots[t] * row, v + t * v_tok, row * sizeof(float));
+        memcpy((char *)k_cache + slots[t] * row, (const char *)k + t * k_tok, row);
+        memcpy((char *)v_cache + slots[t] * row, (const char *)v + t * v_tok, row);
     }
 }
 
-static float dot(const float *restrict a, const float *restrict b, int64_t n) {
+/* q . key, the key stored in format f. */
+ALWAYS_INLINE float dot(const float *restrict q, const void *restrict key, int64_t n, Format f) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++) s += q[i] * load_as(key, i, f);
     return s;
 }
 
-static void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
+/* y += a * x, x stored in format f. */
+ALWAYS_INLINE void axpy(float *restrict y, float a, const void *restrict x, int64_t n,
+                        Format f) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (int64_t i = 0; i < n; i++) y[i] += a * load_as(x, i, f);
 }
 
 /* Ask for the next block's rows of these heads while this block is computed: blocks sit
  * anywhere in the pool, so the hardware cannot guess where the next one starts. */
-static void prefetch_rows(const float *row, int64_t floats) {
-    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(row + i);
+static void prefetch_rows(const void *row, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)row + i);
 }
 
 /* Where a task's pass over a sequence reads: its block table and the slots' layout. */
@@ -64,10 +69,10 @@ typedef struct {
 } Pass;
 
 /* Block b of the sequence in `cache`, at the task's first head (NULL past the context). */
-static const float *block_at(const float *cache, const Pass *p, int64_t b) {
+ALWAYS_INLINE const void *block_at(const void *cache, const Pass *p, int64_t b, Format f) {
     if (b * p->block_size >= p->context) return NULL;
     const int64_t block_row = p->block_size * p->token_row;
-    return cache + (int64_t)p->table[b] * block_row + p->first * p->head_dim;
+    return element_at(cache, (int64_t)p->table[b] * block_row + p->first * p->head_dim, f);
 }
 
 /* Tokens of the sequence in block b: block_size, or fewer in its last block. */
@@ -79,17 +84,17 @@ static int64_t tokens_in(const Pass *p, int64_t b) {
 /* scores[r][j] = q_r . k_j * scale for the task's query rows r (count * group of them),
  * walking the sequence's blocks in order, each slot's heads read as one run; one dot
  * product (and its lane sum) at a time: any head_dim. */
-static void score_each_key(float *scores, const float *q, const float *k_cache, const Pass *p,
-                       float scale) {
-    const int64_t span = p->count * p->head_dim, rows = p->count * p->group;
+ALWAYS_INLINE void score_each_key(float *scores, const float *q, const void *k_cache,
+                                  const Pass *p, float scale, Format f) {
+    const int64_t span = p->count * p->head_dim * format_bytes(f), rows = p->count * p->group;
     for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
-        const float *block = block_at(k_cache, p, b), *next = block_at(k_cache, p, b + 1);
+        const void *block = block_at(k_cache, p, b, f), *next = block_at(k_cache, p, b + 1, f);
         for (int64_t j = 0; j < tokens_in(p, b); j++) {
-            const float *slot = block + j * p->token_row;
-            if (next != NULL) prefetch_rows(next + j * p->token_row, span);
+            const void *slot = element_at(block, j * p->token_row, f);
+            if (next != NULL) prefetch_rows(element_at(next, j * p->token_row, f), span);
             for (int64_t r = 0; r < rows; r++) {
-                const float *key = slot + (r / p->group) * p->head_dim;
-                const float qk = dot(q + r * p->head_dim, key, p->head_dim);
+                const void *key = element_at(slot, (r / p->group) * p->head_dim, f);
+                const float qk = dot(q + r * p->head_dim, key, p->head_dim, f);
                 scores[r * p->context + j0 + j] = qk * scale;
             }
         }
@@ -99,15 +104,15 @@ static void score_each_key(float *scores, const float *q, const float *k_cache, 
 /* The slots (every KV head from the task's first) of keys j .. j + n - 1 in `cache`, n <= LANES,
  * walking the block table from key j's block: one division per chunk of keys, not one per
  * key. Lanes past n repeat the first slot (their scores are computed and dropped). */
-static void chunk_slots(const float *slot[LANES], const float *cache, const Pass *p, int64_t j,
-                        int64_t n) {
+ALWAYS_INLINE void chunk_slots(const void *slot[LANES], const void *cache, const Pass *p,
+                               int64_t j, int64_t n, Format f) {
     int64_t b = j / p->block_size, offset = j % p->block_size;
-    const float *block = block_at(cache, p, b);
+    const void *block = block_at(cache, p, b, f);
     for (int64_t t = 0; t < n; t++) {
-        slot[t] = block + offset * p->token_row;
+        slot[t] = element_at(block, offset * p->token_row, f);
         if (++offset == p->block_size && t + 1 < n) {
             offset = 0;
-            block = block_at(cache, p, ++b);
+            block = block_at(cache, p, ++b, f);
         }
     }
     for (int64_t t = n; t < LANES; t++) slot[t] = slot[0];
@@ -118,21 +123,21 @@ static void chunk_slots(const float *slot[LANES], const float *cache, const Pass
  * per key, which was most of the work at head_dim 64. The next sixteen keys' slots are found
  * and fetched meanwhile (blocks sit anywhere in the pool, so the hardware cannot guess them),
  * and kept for the next round. */
-static void score_keys(float *scores, const float *q, const float *k_cache, const Pass *p,
-                       float scale) {
+ALWAYS_INLINE void score_keys(float *scores, const float *q, const void *k_cache,
+                              const Pass *p, float scale, Format f) {
     if (p->head_dim % LANES != 0) {
-        score_each_key(scores, q, k_cache, p, scale);
+        score_each_key(scores, q, k_cache, p, scale, f);
         return;
     }
     const int64_t rows = p->count * p->group, vecs = p->head_dim / LANES;
-    const int64_t span = p->count * p->head_dim;
-    const float *slot[LANES], *next[LANES];
-    chunk_slots(slot, k_cache, p, 0, p->context < LANES ? p->context : LANES);
+    const int64_t span = p->count * p->head_dim * format_bytes(f);
+    const void *slot[LANES], *next[LANES];
+    chunk_slots(slot, k_cache, p, 0, p->context < LANES ? p->context : LANES, f);
     for (int64_t j0 = 0; j0 < p->context; j0 += LANES) {
         const int64_t n = p->context - j0 < LANES ? p->context - j0 : LANES;
         const int64_t left = p->context - (j0 + LANES), ahead = left < LANES ? left : LANES;
         if (ahead > 0) { /* the next chunk's slots: fetched now, scored next round */
-            chunk_slots(next, k_cache, p, j0 + LANES, ahead);
+            chunk_slots(next, k_cache, p, j0 + LANES, ahead, f);
             for (int64_t t = 0; t < ahead; t++) prefetch_rows(next[t], span);
         }
         for (int64_t r = 0; r < rows; r++) {
@@ -142,7 +147,7 @@ static void score_keys(float *scores, const float *q, const float *k_cache, cons
             for (int64_t c = 0; c < vecs; c++) {
                 const f32x16 qc = load16(qr + c * LANES);
                 for (int t = 0; t < LANES; t++)
-                    parts[REVERSED[t]] += qc * load16(slot[t] + head + c * LANES);
+                    parts[REVERSED[t]] += qc * load16_as(slot[t], head + c * LANES, f);
             }
             const f32x16 s = lane_sums16(parts) * scale;
             memcpy(scores + r * p->context + j0, &s, n * sizeof(float));
@@ -169,17 +174,19 @@ static void softmax_rows(float *scores, int64_t rows, int64_t context) {
 
 /* out_r = sum_j p_rj v_j for the task's query rows, blocks walked as in score_each_key;
  * each value row added into every query row's output in memory: any head_dim. */
-static void weigh_each_value(float *out, const float *probs, const float *v_cache, const Pass *p) {
-    const int64_t span = p->count * p->head_dim, rows = p->count * p->group;
+ALWAYS_INLINE void weigh_each_value(float *out, const float *probs, const void *v_cache,
+                                    const Pass *p, Format f) {
+    const int64_t span = p->count * p->head_dim * format_bytes(f), rows = p->count * p->group;
     memset(out, 0, rows * p->head_dim * sizeof(float));
     for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
-        const float *block = block_at(v_cache, p, b), *next = block_at(v_cache, p, b + 1);
+        const void *block = block_at(v_cache, p, b, f), *next = block_at(v_cache, p, b + 1, f);
         for (int64_t j = 0; j < tokens_in(p, b); j++) {
-            const float *slot = block + j * p->token_row;
-            if (next != NULL) prefetch_rows(next + j * p->token_row, span);
+            const void *slot = element_at(block, j * p->token_row, f);
+            if (next != NULL) prefetch_rows(element_at(next, j * p->token_row, f), span);
             for (int64_t r = 0; r < rows; r++) {
-                const float *value = slot + (r / p->group) * p->head_dim;
-                axpy(out + r * p->head_dim, probs[r * p->context + j0 + j], value, p->head_dim);
+                const void *value = element_at(slot, (r / p->group) * p->head_dim, f);
+                const float weight = probs[r * p->context + j0 + j];
+                axpy(out + r * p->head_dim, weight, value, p->head_dim, f);
             }
         }
     }
@@ -189,10 +196,11 @@ static void weigh_each_value(float *out, const float *probs, const float *v_cach
  * output held in registers over the whole context instead of loaded and stored for every
  * value row (the rows a KV head's queries share come from L1 or L2 the second time). */
 enum { MAX_VECS = 8 };
-static void weigh_values(float *out, const float *probs, const float *v_cache, const Pass *p) {
+ALWAYS_INLINE void weigh_values(float *out, const float *probs, const void *v_cache,
+                                const Pass *p, Format f) {
     const int64_t vecs = p->head_dim / LANES;
     if (p->head_dim % LANES != 0 || vecs > MAX_VECS) {
-        weigh_each_value(out, probs, v_cache, p);
+        weigh_each_value(out, probs, v_cache, p, f);
         return;
     }
     for (int64_t r = 0; r < p->count * p->group; r++) {
@@ -200,14 +208,42 @@ static void weigh_values(float *out, const float *probs, const float *v_cache, c
         const int64_t head = (r / p->group) * p->head_dim;
         f32x16 sums[MAX_VECS] = {0};
         for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
-            const float *slot = block_at(v_cache, p, b) + head;
-            for (int64_t j = 0; j < tokens_in(p, b); j++, slot += p->token_row) {
+            const void *slot = element_at(block_at(v_cache, p, b, f), head, f);
+            for (int64_t j = 0; j < tokens_in(p, b); j++) {
                 const f32x16 weight = (f32x16){0} + pr[j0 + j];
-                for (int64_t c = 0; c < vecs; c++) sums[c] += weight * load16(slot + c * LANES);
+                for (int64_t c = 0; c < vecs; c++)
+                    sums[c] += weight * load16_as(slot, c * LANES, f);
+                slot = element_at(slot, p->token_row, f);
             }
         }
         memcpy(out + r * p->head_dim, sums, p->head_dim * sizeof(float));
     }
+}
+
+/* One task of the decode: its sequence's Pass, its query rows at q, its output rows at out.
+ * Returns 0, or 1 when scratch memory ran out. */
+ALWAYS_INLINE int decode_task(float *out, const float *q, const void *k_cache,
+                              const void *v_cache, const Pass *pass, float scale, Format f) {
+    const int64_t rows = pass->count * pass->group;
+    float *scores = malloc(rows * pass->context * sizeof(float));
+    if (scores == NULL) return 1;
+    score_keys(scores, q, k_cache, pass, scale, f);
+    softmax_rows(scores, rows, pass->context);
+    weigh_values(out, scores, v_cache, pass, f);
+    free(scores);
+    return 0;
+}
+
+/* One function per cache format, so that each is compiled with its format a constant (the
+ * parallel loop below is outlined by OpenMP before anything is inlined into it). */
+typedef int (*TaskFn)(float *, const float *, const void *, const void *, const Pass *, float);
+static int decode_task_f32(float *out, const float *q, const void *k_cache, const void *v_cache,
+                           const Pass *pass, float scale) {
+    return decode_task(out, q, k_cache, v_cache, pass, scale, F32);
+}
+static int decode_task_bf16(float *out, const float *q, const void *k_cache,
+                            const void *v_cache, const Pass *pass, float scale) {
+    return decode_task(out, q, k_cache, v_cache, pass, scale, BF16);
 }
 
 /* Decode attention for `num_decodes` sequences: sequence seqs[i] has its query token at row
@@ -215,14 +251,16 @@ static void weigh_values(float *out, const float *probs, const float *v_cache, c
  * key included, already stored). One task per sequence, reading each slot's KV heads as one
  * run; with fewer sequences than threads, one task per (sequence, KV head) instead, so that
  * every thread has work. Returns 0, or -1 when scratch memory ran out. */
-int paged_decode_f32(float *out, const float *q, const float *k_cache, const float *v_cache,
-                     const int32_t *block_tables, const int32_t *context_lens,
-                     const int64_t *seqs, const int64_t *rows, int64_t num_decodes,
-                     int64_t q_tok, int64_t out_tok, int64_t bt_stride, int64_t block_size,
-                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) {
+static int paged_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
+                        const int32_t *block_tables, const int32_t *context_lens,
+                        const int64_t *seqs, const int64_t *rows, int64_t num_decodes,
+                        int64_t q_tok, int64_t out_tok, int64_t bt_stride, int64_t block_size,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+                        Format f) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t per_task = num_decodes >= omp_get_max_threads() ? num_kv_heads : 1;
     const int64_t tasks_per_seq = num_kv_heads / per_task;
+    const TaskFn run = f == BF16 ? decode_task_bf16 : decode_task_f32;
     int failed = 0;
     const int64_t num_tasks = num_decodes * tasks_per_seq;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed) if (num_tasks > 1)
@@ -234,16 +272,30 @@ int paged_decode_f32(float *out, const float *q, const float *k_cache, const flo
             .first = task % tasks_per_seq * per_task, .count = per_task,
             .head_dim = head_dim, .group = group,
         };
-        float *scores = malloc(per_task * group * pass.context * sizeof(float));
-        if (scores == NULL) {
-            failed = 1;
-            continue;
-        }
         const int64_t first_row = pass.first * group * head_dim; /* its query heads, in a row */
-        score_keys(scores, q + rows[i] * q_tok + first_row, k_cache, &pass, scale);
-        softmax_rows(scores, per_task * group, pass.context);
-        weigh_values(out + rows[i] * out_tok + first_row, scores, v_cache, &pass);
-        free(scores);
+        failed |= run(out + rows[i] * out_tok + first_row, q + rows[i] * q_tok + first_row,
+                      k_cache, v_cache, &pass, scale);
     }
     return failed ? -1 : 0;
+}
+
+int paged_decode_f32(float *out, const float *q, const float *k_cache, const float *v_cache,
+                     const int32_t *block_tables, const int32_t *context_lens,
+                     const int64_t *seqs, const int64_t *rows, int64_t num_decodes,
+                     int64_t q_tok, int64_t out_tok, int64_t bt_stride, int64_t block_size,
+                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) {
+    return paged_decode(out, q, k_cache, v_cache, block_tables, context_lens, seqs, rows,
+                        num_decodes, q_tok, out_tok, bt_stride, block_size, num_heads,
+                        num_kv_heads, head_dim, scale, F32);
+}
+
+int paged_decode_bf16(float *out, const float *q, const uint16_t *k_cache,
+                      const uint16_t *v_cache, const int32_t *block_tables,
+                      const int32_t *context_lens, const int64_t *seqs, const int64_t *rows,
+                      int64_t num_decodes, int64_t q_tok, int64_t out_tok, int64_t bt_stride,
+                      int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim, float scale) {
+    return paged_decode(out, q, k_cache, v_cache, block_tables, context_lens, seqs, rows,
+                        num_decodes, q_tok, out_tok, bt_stride, block_size, num_heads,
+                        num_kv_heads, head_dim, scale, BF16);
 }

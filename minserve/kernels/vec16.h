@@ -37,6 +37,24 @@ static inline f32x16 widen16(const uint16_t *p) {
     return f;
 }
 
+/* How a tensor the kernels read is stored: fp32, or bfloat16 bits. The functions that take a
+ * Format are inlined with it a constant, so one text compiles into one loop per format. */
+typedef enum { F32, BF16 } Format;
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE int64_t format_bytes(Format f) { return f == BF16 ? 2 : 4; }
+
+/* Element i of p, as a float; sixteen of them from i on; the address of element i. */
+ALWAYS_INLINE float load_as(const void *p, int64_t i, Format f) {
+    return f == BF16 ? widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+ALWAYS_INLINE f32x16 load16_as(const void *p, int64_t i, Format f) {
+    return f == BF16 ? widen16((const uint16_t *)p + i) : load16((const float *)p + i);
+}
+ALWAYS_INLINE const void *element_at(const void *p, int64_t i, Format f) {
+    return (const char *)p + i * format_bytes(f);
+}
+
 /* The 16 lanes added by halves: 16 -> 8 -> 4, then the last four. */
 static inline float lane_sum(f32x16 v) {
     f32x8 lo, hi;
