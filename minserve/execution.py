@@ -27,7 +27,7 @@ from minserve.environment import (
     env_switch,
     kernel_cache_dir,
 )
-from minserve.kernels.cpu_ops import LINEAR_DTYPES
+from minserve.kernels.cpu_ops import KERNEL_DTYPES
 from minserve.kernels.onednn import can_prepack
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,7 +103,7 @@ def resolve_execution(
     torch_dtype = resolve_dtype(dtype, target)
     c_kernels, missing = resolve_c_kernels(wanted, target)
     packed = prepack and can_prepack(target, torch_dtype)
-    few_rows = packed and c_kernels and torch_dtype in LINEAR_DTYPES
+    few_rows = packed and c_kernels and torch_dtype in KERNEL_DTYPES
     exact_head = few_rows and torch_dtype == torch.float32  # the screen serves fp32 heads
     return ExecutionConfig(
         device=target,

@@ -81,10 +81,10 @@ def test_a_failed_compile_reports_the_compilers_message(tmp_path) -> None:
 # --- layer ops against torch ---------------------------------------------------------------
 
 
-def test_applies_only_to_fp32_cpu_tensors_outside_autograd() -> None:
+def test_applies_only_to_fp32_or_bf16_cpu_tensors_of_one_dtype_outside_autograd() -> None:
     x = torch.ones(3)
-    assert cpu_ops.applies(x)
-    assert not cpu_ops.applies(x.bfloat16())
+    assert cpu_ops.applies(x) and cpu_ops.applies(x.bfloat16(), x.bfloat16())
+    assert not cpu_ops.applies(x.half()) and not cpu_ops.applies(x, x.bfloat16())
     w = torch.ones(3, requires_grad=True)
     assert not cpu_ops.applies(x, w)
     with torch.no_grad():
@@ -150,6 +150,58 @@ def test_silu_and_mul_propagates_nan() -> None:
     gate_up = torch.tensor([[float("nan"), 1.0, 2.0, 3.0]])
     out = cpu_ops.silu_mul(gate_up)
     assert out[0, 0].isnan() and out[0, 1] == F.silu(torch.tensor(1.0)) * 3.0
+
+
+# --- bfloat16: the fp32 arithmetic on the widened values, rounded once ---------------------
+
+
+def bf16_step(value: torch.Tensor) -> torch.Tensor:
+    """The gap between bfloat16 numbers at each value (8 significant bits)."""
+    return 2.0 ** (torch.frexp(value.float().abs()).exponent - 8)
+
+
+def assert_rounded_once(got: torch.Tensor, exact: torch.Tensor) -> None:
+    """got (bfloat16) is exact (fp32, computed on the same bfloat16 inputs) rounded to the
+    nearest bfloat16: off by at most half a step, plus fp32's own rounding."""
+    assert got.dtype == torch.bfloat16 and got.shape == exact.shape
+    err = (got.float() - exact).abs()
+    assert (err <= 0.5 * bf16_step(exact) + 1e-6 * exact.abs() + 1e-30).all(), err.max()
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (40, 576), (7, 3, 64)])
+def test_bfloat16_rms_norm_is_hugging_faces_on_bfloat16(shape: tuple[int, ...]) -> None:
+    x, weight = randn(*shape, scale=3.0).bfloat16(), randn(shape[-1]).bfloat16()
+    got = cpu_ops.rms_norm(x, weight, 1e-5)
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()  # HF
+    exact = weight.float() * normed.float()
+    # the sum of squares is taken in another order, so a normed value lying near the middle
+    # of two bfloat16s may round the other way: one step of it, times the weight
+    err = (got.float() - exact).abs()
+    bound = weight.float().abs() * bf16_step(normed) + 0.5 * bf16_step(exact)
+    assert got.dtype == torch.bfloat16 and (err <= bound).all()
+    assert (err <= 0.5 * bf16_step(exact)).float().mean() > 0.99  # nearly all: one rounding
+
+
+def test_bfloat16_rope_is_the_fp32_rotation_rounded_to_nearest_even() -> None:
+    rotation = RotaryEmbedding(CONFIG)(torch.arange(9) * 7, torch.bfloat16)
+    qk = randn(9, 15, CONFIG.head_dim).bfloat16()[:, :12]  # strided rows
+    with torch.inference_mode():
+        got = rotation.apply(qk)
+    exact = torch_rope(Rotation(rotation.cos.float(), rotation.sin.float()), qk.float())
+    assert torch.equal(got, exact.bfloat16())  # the same fp32 products and sums, then torch's
+    # rounding: ties to even (1.0625 * 1.0625 = 1.12890625 lies halfway between two
+    # bfloat16s and goes to 1.125), NaN kept
+    x = torch.tensor([[[1.0625, 1.0, 1.0, float("nan")]]], dtype=torch.bfloat16)
+    cos = torch.full((1, 1, 4), 1.0625, dtype=torch.bfloat16)
+    out = cpu_ops.rope(x, cos, torch.zeros_like(cos))
+    assert out[0, 0, 0].item() == 1.125 and out[0, 0, 1].isnan()
+
+
+def test_bfloat16_silu_and_mul_rounds_the_fp32_result_once() -> None:
+    gate_up = randn(5, 2 * CONFIG.intermediate_size, scale=4.0).bfloat16()
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    assert_rounded_once(cpu_ops.silu_mul(gate_up), F.silu(gate) * up)
 
 
 # --- paged decode at real sizes --------------------------------------------------------------

@@ -1,28 +1,44 @@
-"""The decoder layer's small ops through the C kernels (`layer_ops.c`), where they apply.
+"""The decoder layer's small ops through the C kernels (`layer_ops.c`), where they apply:
+fp32 or bfloat16 tensors, each op's inputs of one dtype.
 
 `llama.py` asks `applies(...)` and otherwise runs its own torch code, which is the
-reference these are tested against (`tests/test_cpu_kernels.py`). They apply to fp32 CPU
-tensors outside autograd (the kernels have no backward) once the library has been built,
-in layers whose `c_kernels` switch is on (set at load from the execution config,
-`minserve/execution.py`; `CausalLM.use_c_kernels` flips it to compare).
+reference these are tested against (`tests/test_cpu_kernels.py`). They apply to CPU tensors
+outside autograd (the kernels have no backward) once the library has been built, in layers
+whose `c_kernels` switch is on (set at load from the execution config,
+`minserve/execution.py`; `CausalLM.use_c_kernels` flips it to compare). A bfloat16 tensor
+is read widened to fp32, computed on in fp32 and rounded once on the way out.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from minserve.kernels.build import cpu_kernels
 
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what the layer kernels read and write
+
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """True when the C kernels can stand in for torch on these tensors.
+    """True when the C kernels can stand in for torch on these tensors: CPU tensors of one
+    dtype, fp32 or bfloat16, outside autograd, with the library built.
 
     Called several times per layer, so it is kept to cheap attribute reads."""
     grad = torch.is_grad_enabled()
+    dtype = tensors[0].dtype
+    if dtype not in KERNEL_DTYPES:
+        return False
     for t in tensors:
-        if not t.is_cpu or t.dtype is not torch.float32 or (grad and t.requires_grad):
+        if not t.is_cpu or t.dtype is not dtype or (grad and t.requires_grad):
             return False
     return cpu_kernels() is not None
+
+
+def kernel_for(name: str, dtype: torch.dtype) -> Callable[..., None]:
+    """The library's `name_f32` or `name_bf16`, for tensors of `dtype`."""
+    suffix = "bf16" if dtype is torch.bfloat16 else "f32"
+    return getattr(cpu_kernels(), f"{name}_{suffix}")
 
 
 def rows_of(x: torch.Tensor) -> torch.Tensor:
@@ -36,7 +52,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rows = rows_of(x)  # [N, dim]
     out = torch.empty(rows.shape, dtype=x.dtype)
     n, dim = rows.shape
-    cpu_kernels().rms_norm_f32(
+    kernel_for("rms_norm", x.dtype)(
         out.data_ptr(), rows.data_ptr(), weight.contiguous().data_ptr(),
         n, dim, rows.stride(0), dim, eps,
     )  # fmt: skip
@@ -50,7 +66,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype)
-    cpu_kernels().rope_f32(
+    kernel_for("rope", x.dtype)(
         out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
         num_tokens, heads, head_dim, x.stride(0),
     )  # fmt: skip
@@ -62,18 +78,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = rows_of(gate_up)  # [N, 2 * inner]
     n, inner = rows.shape[0], rows.shape[1] // 2
     out = torch.empty((n, inner), dtype=gate_up.dtype)
-    cpu_kernels().silu_mul_f32(out.data_ptr(), rows.data_ptr(), n, inner, rows.stride(0), inner)
+    kernel = kernel_for("silu_mul", gate_up.dtype)
+    kernel(out.data_ptr(), rows.data_ptr(), n, inner, rows.stride(0), inner)
     return out if rows is gate_up else out.view(*gate_up.shape[:-1], inner)
-
-
-LINEAR_DTYPES = (torch.float32, torch.bfloat16)  # the weights `linear_rows.c` reads
 
 
 def linear_applies(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when the few-row kernel can stand in for a linear layer: CPU rows and weight of
     one dtype, fp32 or bfloat16, outside autograd, with the C kernels built."""
     dtype = weight.dtype
-    if dtype not in LINEAR_DTYPES or rows.dtype is not dtype or not (rows.is_cpu and weight.is_cpu):
+    if dtype not in KERNEL_DTYPES or rows.dtype is not dtype or not (rows.is_cpu and weight.is_cpu):
         return False
     if torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad):
         return False

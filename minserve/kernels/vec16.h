@@ -55,6 +55,23 @@ ALWAYS_INLINE const void *element_at(const void *p, int64_t i, Format f) {
     return (const char *)p + i * format_bytes(f);
 }
 
+/* A float rounded to the nearest bfloat16, ties to even (torch's rounding); NaN stays NaN. */
+static inline uint16_t narrow(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* Element i of p set to v, rounded to p's format. */
+ALWAYS_INLINE void store_as(void *p, int64_t i, float v, Format f) {
+    if (f == BF16)
+        ((uint16_t *)p)[i] = narrow(v);
+    else
+        ((float *)p)[i] = v;
+}
+
 /* The 16 lanes added by halves: 16 -> 8 -> 4, then the last four. */
 static inline float lane_sum(f32x16 v) {
     f32x8 lo, hi;

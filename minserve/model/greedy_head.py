@@ -60,7 +60,7 @@ def attach_greedy_screen(model: torch.nn.Module) -> GreedyScreen | None:
     weight = getattr(model.lm_head, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return None
-    if not cpu_ops.applies(weight.detach()):
+    if weight.dtype != torch.float32 or not cpu_ops.applies(weight.detach()):
         return None
     model.greedy_screen = GreedyScreen(weight)
     return model.greedy_screen
@@ -68,4 +68,6 @@ def attach_greedy_screen(model: torch.nn.Module) -> GreedyScreen | None:
 
 def screens(screen: GreedyScreen | None, hidden: torch.Tensor) -> bool:
     """Whether `screen` should pick these rows' tokens (otherwise: full logits)."""
-    return screen is not None and 0 < hidden.shape[0] <= SCREEN_MAX_ROWS and cpu_ops.applies(hidden)
+    if screen is None or not 0 < hidden.shape[0] <= SCREEN_MAX_ROWS:
+        return False
+    return hidden.dtype == torch.float32 and cpu_ops.applies(hidden)
