@@ -219,24 +219,35 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="tensor_parallelism",
         title="Tensor parallelism",
         module="ch07_parallel_linear",
-        sources=("distributed/layers.py", "distributed/shard_model.py"),
+        sources=(
+            "distributed/layers.py",
+            "distributed/shard_model.py",
+            "distributed/vocab.py",
+            "distributed/layout.py",
+        ),
         header=(
-            '"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers, and\n'
-            "where the attention block's all-reduce goes.\n\n"
+            '"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers,\n'
+            "where the attention block's all-reduce goes, the vocabulary split, and which\n"
+            "heads and features each rank holds.\n\n"
             "Megatron-LM splits a linear layer over N ranks by its output features (column-\n"
             "parallel: no communication) or by its input features (row-parallel: one\n"
-            "all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather).\n"
-            "Plug this module into the engine with `LLM(tensor_parallel_size=3,\n"
-            'tensor_parallel_layers="exercises.ch07_parallel_linear")`.\n'
+            "all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather,\n"
+            "gather). Plug this module into the engine with `LLM(tensor_parallel_size=3,\n"
+            'tensor_parallel_layers="exercises.ch07_parallel_linear")`: every rank builds\n'
+            "its shard with your layers, your vocabulary blocks and your `TPLayout`.\n"
             '"""\n\n'
+            "from __future__ import annotations  # 7.3 names TPLayout, which 7.5 defines\n\n"
+            "import math\n"
+            "from dataclasses import dataclass, replace\n"
             "from typing import Any\n\n"
             "import torch\n"
             "import torch.nn.functional as F  # noqa: F401  (your code will want it)\n"
             "from torch import nn\n\n"
             "from minserve.distributed.comm import Communicator\n"
             "from minserve.distributed.layers import even_split, meta_parameter\n"
-            "from minserve.distributed.layout import TPLayout\n"
+            "from minserve.distributed.layout import TensorParallelError\n"
             "from minserve.model.llama import SelfAttention\n"
+            "from minserve.model_config import ModelConfig\n"
         ),
         checks="minserve.course.checks_ch07",
     ),
