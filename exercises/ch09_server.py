@@ -1,19 +1,24 @@
 # Your workspace for chapter 09 (Assembling the server): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 09` from the repository root.
-# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py by `python -m minserve.course.generate`.
-# stub fingerprint: 658ae62e88cf (lets the generator tell your edits from a stale stub)
-"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.
+# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py by `python -m minserve.course.generate`.
+# stub fingerprint: aa046428aa91 (lets the generator tell your edits from a stale stub)
+"""Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop
+strings.
 
 You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
 it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
 delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
-and the goodput of a run at an SLO. Plug your policy into the router with
+and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a
+stream of text at its first stop string. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
-the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and
-goodput the records of a load test (`run_load(...).records`).
+the engine with `LLM(sample_output_cls=SampleOutput,
+stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records
+of a load test (`run_load(...).records`).
 """
+
+from __future__ import annotations  # 9.2 names StopStringMatcher, which 9.5 defines
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +29,6 @@ from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.policy import Decision, _Turns
 from minserve.router.prefix_index import Key, PrefixIndex
-from minserve.stop_strings import StopStringMatcher
 
 
 # Exercise 9.1: cache-aware routing
@@ -131,3 +135,54 @@ def request_goodput(
     A failed request (`record.success` False) never counts, whatever its timings.
     """
     raise NotImplementedError("Exercise 9.4: goodput at an SLO")
+
+
+# Exercise 9.5: stop strings across deltas
+def first_stop(text: str, stop_strings: Sequence[str]) -> tuple[int, str] | None:
+    """(start, stop string) of the stop string that completes first in `text`, or None.
+
+    First means the earliest end (start + length) of each string's first occurrence; on a
+    tie, the longer string, which starts earlier ("ab" and "b" both end in "xab": "ab").
+    """
+    raise NotImplementedError("Exercise 9.5: stop strings across deltas")
+
+
+def partial_stop_length(text: str, stop_strings: Sequence[str]) -> int:
+    """Length of the longest tail of `text` that is the beginning of some stop string.
+
+    Only proper beginnings count (a whole stop string would have matched already), so the
+    answer is below the longest stop string's length; 0 when no tail can grow into one.
+    """
+    raise NotImplementedError("Exercise 9.5: stop strings across deltas")
+
+
+class StopStringMatcher:
+    """Streams text through, cut exactly at the first stop string (OpenAI's / vLLM's `stop`)."""
+
+    def __init__(self, stop_strings: Sequence[str], include_stop_str_in_output: bool = False):
+        if isinstance(stop_strings, str):
+            raise TypeError("stop_strings must be a sequence of strings, not a single string")
+        if not all(isinstance(s, str) and s for s in stop_strings):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stop_strings)!r}")
+        self.stop_strings = tuple(stop_strings)
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.matched: str | None = None  # the stop string that ended the text
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, str | None]:
+        """Take the next piece of text; return (text safe to show now, stop string or None).
+
+        The text is what was held back plus `delta`. If a stop string completes in it, return
+        the text up to its start (through its end with `include_stop_str_in_output`) and the
+        string, record it in `self.matched` and hold nothing. Otherwise hold back the
+        longest tail that could still become a stop string (`self._held`) and return the
+        rest. Feeding after a match is a RuntimeError.
+        """
+        raise NotImplementedError("Exercise 9.5: stop strings across deltas")
+
+    def flush(self) -> str:
+        """Generation ended for another reason: the held-back tail was no stop string after all.
+
+        Return it, and hold nothing from now on.
+        """
+        raise NotImplementedError("Exercise 9.5: stop strings across deltas")

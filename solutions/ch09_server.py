@@ -1,16 +1,21 @@
-# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py by `python -m minserve.course.generate`;
+# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.
+"""Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop
+strings.
 
 You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
 it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
 delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
-and the goodput of a run at an SLO. Plug your policy into the router with
+and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a
+stream of text at its first stop string. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
-the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and
-goodput the records of a load test (`run_load(...).records`).
+the engine with `LLM(sample_output_cls=SampleOutput,
+stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records
+of a load test (`run_load(...).records`).
 """
+
+from __future__ import annotations  # 9.2 names StopStringMatcher, which 9.5 defines
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +26,6 @@ from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.policy import Decision, _Turns
 from minserve.router.prefix_index import Key, PrefixIndex
-from minserve.stop_strings import StopStringMatcher
 
 
 # Exercise 9.1: cache-aware routing
@@ -162,3 +166,75 @@ def request_goodput(
     A failed request (`record.success` False) never counts, whatever its timings.
     """
     return sum(r.success and meets_slos(r, slos) for r in records) / duration_s
+
+
+# Exercise 9.5: stop strings across deltas
+def first_stop(text: str, stop_strings: Sequence[str]) -> tuple[int, str] | None:
+    """(start, stop string) of the stop string that completes first in `text`, or None.
+
+    First means the earliest end (start + length) of each string's first occurrence; on a
+    tie, the longer string, which starts earlier ("ab" and "b" both end in "xab": "ab").
+    """
+    found = [(start + len(s), start, s) for s in stop_strings if (start := text.find(s)) >= 0]
+    if not found:
+        return None
+    _end, start, stop = min(found)
+    return start, stop
+
+
+def partial_stop_length(text: str, stop_strings: Sequence[str]) -> int:
+    """Length of the longest tail of `text` that is the beginning of some stop string.
+
+    Only proper beginnings count (a whole stop string would have matched already), so the
+    answer is below the longest stop string's length; 0 when no tail can grow into one.
+    """
+    longest = max((len(s) for s in stop_strings), default=0)
+    for length in range(min(len(text), longest - 1), 0, -1):
+        tail = text[-length:]
+        if any(s.startswith(tail) for s in stop_strings):
+            return length
+    return 0
+
+
+class StopStringMatcher:
+    """Streams text through, cut exactly at the first stop string (OpenAI's / vLLM's `stop`)."""
+
+    def __init__(self, stop_strings: Sequence[str], include_stop_str_in_output: bool = False):
+        if isinstance(stop_strings, str):
+            raise TypeError("stop_strings must be a sequence of strings, not a single string")
+        if not all(isinstance(s, str) and s for s in stop_strings):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stop_strings)!r}")
+        self.stop_strings = tuple(stop_strings)
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.matched: str | None = None  # the stop string that ended the text
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, str | None]:
+        """Take the next piece of text; return (text safe to show now, stop string or None).
+
+        The text is what was held back plus `delta`. If a stop string completes in it, return
+        the text up to its start (through its end with `include_stop_str_in_output`) and the
+        string, record it in `self.matched` and hold nothing. Otherwise hold back the
+        longest tail that could still become a stop string (`self._held`) and return the
+        rest. Feeding after a match is a RuntimeError.
+        """
+        if self.matched is not None:
+            raise RuntimeError(f"stop string {self.matched!r} already matched; the text has ended")
+        text = self._held + delta
+        match = first_stop(text, self.stop_strings)
+        if match is not None:
+            start, self.matched = match
+            self._held = ""
+            end = start + len(self.matched) if self.include_stop_str_in_output else start
+            return text[:end], self.matched
+        keep = partial_stop_length(text, self.stop_strings)
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep], None
+
+    def flush(self) -> str:
+        """Generation ended for another reason: the held-back tail was no stop string after all.
+
+        Return it, and hold nothing from now on.
+        """
+        held, self._held = self._held, ""
+        return held

@@ -293,18 +293,27 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="assembling_the_server",
         title="Assembling the server",
         module="ch09_server",
-        sources=("router/policy.py", "output_processor.py", "bench/serve_metrics.py"),
+        sources=(
+            "router/policy.py",
+            "output_processor.py",
+            "bench/serve_metrics.py",
+            "stop_strings.py",
+        ),
         header=(
-            '"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.\n\n'
+            '"""Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop\n'
+            "strings.\n\n"
             "You write `CacheAware.choose`, the router's pick of a replica (the longest prefix\n"
             "it is expected to hold, unless that replica is too busy), then\n"
             "`SampleOutput.update`, the output processor's turn of new tokens into the text\n"
             "delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps\n"
-            "and the goodput of a run at an SLO. Plug your policy into the router with\n"
+            "and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a\n"
+            "stream of text at its first stop string. Plug your policy into the router with\n"
             "`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into\n"
-            "the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and\n"
-            "goodput the records of a load test (`run_load(...).records`).\n"
+            "the engine with `LLM(sample_output_cls=SampleOutput,\n"
+            "stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records\n"
+            "of a load test (`run_load(...).records`).\n"
             '"""\n\n'
+            "from __future__ import annotations  # 9.2 names StopStringMatcher, which 9.5 defines\n\n"
             "from collections.abc import Sequence\n"
             "from dataclasses import dataclass\n\n"
             "from minserve.bench.serve_metrics import RequestRecord\n"
@@ -313,7 +322,6 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.outputs import CompletionOutput\n"
             "from minserve.router.policy import Decision, _Turns\n"
             "from minserve.router.prefix_index import Key, PrefixIndex\n"
-            "from minserve.stop_strings import StopStringMatcher\n"
         ),
         checks="minserve.course.checks_ch09",
     ),

@@ -10,9 +10,9 @@ on paper: W = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]] maps 3 inputs to 4
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import ModuleType
-import math
 from typing import Any
 
 import torch

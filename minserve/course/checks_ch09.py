@@ -1,5 +1,6 @@
-"""Checks for chapter 09 (the server), run against any module that defines `CacheAware` and
-`SampleOutput`: minserve's own, the solutions, or a student's exercise file.
+"""Checks for chapter 09 (the server), run against any module that defines `CacheAware`,
+`SampleOutput`, the timing and goodput functions and `StopStringMatcher`: minserve's own,
+the solutions, or a student's exercise file.
 
 Routing checks use chunks of 4 token ids, so a prompt of 12 ids is 3 chunks and a replica
 that was sent it is expected to hold all 12; prompts that share their first 8 ids share 2
@@ -29,7 +30,7 @@ from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.prefix_index import PrefixIndex
-from minserve.stop_strings import StopStringMatcher
+from minserve.stop_strings import StopStringMatcher, first_stop, partial_stop_length
 
 CHUNK = 4
 PROMPT = tuple(range(100, 112))  # 3 chunks of 4
@@ -399,6 +400,94 @@ def check_goodput_matches_minserve_on_random_runs(impl: ModuleType) -> None:
     agrees()
 
 
+# Exercise 9.5: stop strings on paper, then random texts, stop strings and splits.
+def _stream(matcher: Any, deltas: list[str], flush: bool) -> list[tuple[str, str | None]]:
+    """What a matcher returns for each delta until a stop string matches, then its flush."""
+    out = []
+    for delta in deltas:
+        out.append(matcher.feed(delta))
+        if out[-1][1] is not None:
+            return out
+    return out + [(matcher.flush(), None)] if flush else out
+
+
+def check_first_stop_is_the_one_completed_first(impl: ModuleType) -> None:
+    """ "end" ends before "stop" in "the end. stop"; "ab" beats "b" in "xab" (same end, longer)."""
+    cases = [("the end. stop", ["stop", "end"]), ("xab", ["b", "ab"]), ("xabcd", ["bcd", "abc"]),
+             ("no match here", ["stop"]), ("aaa", ["aa", "a"]), ("", ["x"])]  # fmt: skip
+    for text, stops in cases:
+        want, got = first_stop(text, stops), impl.first_stop(text, stops)
+        assert got == want, f"first_stop({text!r}, {stops!r}): expected {want}, got {got}"
+
+
+def check_partial_stop_length_is_the_longest_tail_that_can_grow(impl: ModuleType) -> None:
+    """ "The </an" could become "</answer>": hold 4; a whole stop string or no prefix: 0."""
+    cases = [("The </an", ["</answer>"]), ("abc", ["abc"]), ("xx<", ["<<a"]), ("x<<", ["<<a"]),
+             ("hello", ["stop", "lo!", "o?"]), ("", ["stop"]), ("ab", ["b", "bc"]),
+             ("aaaa", ["aaab"])]  # fmt: skip
+    for text, stops in cases:
+        want, got = partial_stop_length(text, stops), impl.partial_stop_length(text, stops)
+        assert got == want, f"partial_stop_length({text!r}, {stops!r}): expected {want}, got {got}"
+
+
+def check_a_stop_string_across_two_deltas_is_cut(impl: ModuleType) -> None:
+    """ "The </ans" then "wer> more": "The " first, then "" and the stop string; with
+    include_stop_str_in_output the second delta is "</answer>"."""
+    for include in (False, True):
+        want = _stream(StopStringMatcher(["</answer>"], include), ["The </ans", "wer> more"], False)
+        got = _stream(impl.StopStringMatcher(["</answer>"], include), ["The </ans", "wer> more"],
+                      False)  # fmt: skip
+        assert got == want, (
+            f"deltas ['The </ans', 'wer> more'], stop '</answer>', include_stop_str_in_output="
+            f"{include}: expected {want}, got {got}"
+        )
+
+
+def check_flush_releases_the_held_tail_and_a_match_ends_the_text(impl: ModuleType) -> None:
+    """ "a </an" ends without a stop string: flush gives "</an"; feeding after a match raises."""
+    matcher = impl.StopStringMatcher(["</answer>"])
+    got = [matcher.feed("a </an"), matcher.flush(), matcher.flush()]
+    want = [("a ", None), "</an", ""]
+    assert got == want, f"feed('a </an'), flush(), flush(): expected {want}, got {got}"
+    matcher = impl.StopStringMatcher(["x"])
+    matcher.feed("ax")
+    try:
+        matcher.feed("more")
+    except RuntimeError:
+        return
+    raise AssertionError("feed after the stop string 'x' matched: expected a RuntimeError")
+
+
+def _stream_case(impl: ModuleType, text: str, cuts: list[int], stops: list[str], include: bool,
+                 flush: bool) -> None:  # fmt: skip
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    deltas = [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]
+    want = _stream(StopStringMatcher(stops, include), deltas, flush)
+    got = _stream(impl.StopStringMatcher(stops, include), deltas, flush)
+    assert got == want, (
+        f"deltas {deltas!r}, stop strings {stops!r}, include_stop_str_in_output={include}, "
+        f"flush at the end: {flush}: expected (text, stop) per call {want}, got {got}"
+    )
+
+
+def check_random_streams_match_minserves_matcher(impl: ModuleType) -> None:
+    """Random texts, stop strings and splits into deltas: the same output call by call."""
+    _stream_case(impl, "ab<ab>", [2, 3], ["<ab>", "b<"], False, True)  # a stub stops here
+
+    @_PROPERTY
+    @given(
+        text=st.text("ab<>", max_size=14),
+        cuts=st.lists(st.integers(0, 14), max_size=6),
+        stops=st.lists(st.text("ab<>", min_size=1, max_size=4), min_size=1, max_size=3),
+        include=st.booleans(),
+        flush=st.booleans(),
+    )
+    def agrees(text: str, cuts: list[int], stops: list[str], include: bool, flush: bool) -> None:
+        _stream_case(impl, text, cuts, stops, include, flush)
+
+    agrees()
+
+
 CHECKS = [
     check_an_unknown_prompt_goes_to_the_least_loaded,
     check_no_key_goes_to_the_least_loaded,
@@ -423,6 +512,11 @@ CHECKS = [
     check_goodput_on_paper,
     check_goodput_with_an_e2e_slo_and_one_token_requests,
     check_goodput_matches_minserve_on_random_runs,
+    check_first_stop_is_the_one_completed_first,
+    check_partial_stop_length_is_the_longest_tail_that_can_grow,
+    check_a_stop_string_across_two_deltas_is_cut,
+    check_flush_releases_the_held_tail_and_a_match_ends_the_text,
+    check_random_streams_match_minserves_matcher,
 ]
 
 
@@ -470,4 +564,25 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "then all(value <= limit ...) over slos.items(); the goodput is a sum over the "
         "records of (succeeded and met them), divided by duration_s.",
     ),
+}
+
+HINTS["9.5"] = (
+    "A stop string can straddle deltas, so the matcher must never show text that might "
+    "still become part of one: it holds back the longest tail that is the start of some "
+    "stop string, and decides when more text arrives. Which string wins is decided as if "
+    "text came one character at a time: the one that is complete soonest.",
+    "first_stop: for each stop string, find its first occurrence; keep the one with the "
+    "smallest end, ties to the earliest start. partial_stop_length: try tails from the "
+    "longest possible (shorter than the longest stop string, no longer than the text) "
+    "down to 1; the first one that begins a stop string wins. feed: join the held text "
+    "and the delta, look for a full match, else hold the partial tail back. flush: hand "
+    "over the held text and forget it.",
+    "`text.find(s)` gives a start or -1; `min` over (end, start, s) tuples breaks ties for "
+    "you; `s.startswith(tail)` tests a tail; in feed, `text[:start]` (or through "
+    "`start + len(...)` with include_stop_str_in_output) is the shown text once a stop "
+    "string matched; otherwise the last `keep` characters go into `self._held`.",
+)
+
+PROGRESS: dict[str, str] = {
+    "9.5": "partial_stop_length: each pass must try a shorter tail of the text, down to length 1",
 }
