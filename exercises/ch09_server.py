@@ -1,8 +1,8 @@
 # Your workspace for chapter 09 (Assembling the server): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 09` from the repository root.
-# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py by `python -m minserve.course.generate`.
-# stub fingerprint: aa046428aa91 (lets the generator tell your edits from a stale stub)
+# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py, minserve/server/limits.py by `python -m minserve.course.generate`.
+# stub fingerprint: 0b726bd326fb (lets the generator tell your edits from a stale stub)
 """Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop
 strings.
 
@@ -11,14 +11,16 @@ it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
 delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
 and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a
-stream of text at its first stop string. Plug your policy into the router with
+stream of text at its first stop string, then `ServerLimits`, the server's
+refusal of what a request can never get. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
 the engine with `LLM(sample_output_cls=SampleOutput,
 stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records
-of a load test (`run_load(...).records`).
+of a load test (`run_load(...).records`), and your limits into the server with
+`build_server(llm, ServerConfig(...), limits_cls=ServerLimits)`.
 """
 
-from __future__ import annotations  # 9.2 names StopStringMatcher, which 9.5 defines
+from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.policy import Decision, _Turns
 from minserve.router.prefix_index import Key, PrefixIndex
+from minserve.sampling_params import SamplingParams
+from minserve.server.errors import APIError
 
 
 # Exercise 9.1: cache-aware routing
@@ -186,3 +190,49 @@ class StopStringMatcher:
         Return it, and hold nothing from now on.
         """
         raise NotImplementedError("Exercise 9.5: stop strings across deltas")
+
+
+# Exercise 9.6: what a request can never get
+@dataclass(frozen=True)
+class ServerLimits:
+    """The engine's bounds, as the HTTP layer sees them.
+
+    Every refusal is `APIError(400, message, param=..., code=...)` whose message gives the
+    numbers: what the request asked for and the bound it breaks.
+    """
+
+    max_model_len: int
+    max_num_seqs: int
+    capacity: int  # requests in flight at most: max_num_seqs + max_queued
+    vocab_size: int  # token ids run below it (the engine checks a prompt's)
+
+    def check(
+        self, prompt_lengths: list[int], params: SamplingParams, max_tokens_param: str,
+        max_tokens_given: bool,
+    ) -> None:  # fmt: skip
+        """Refuse what cannot fit; `max_tokens_given`: the client chose it (a default stops
+        at the end of the context instead).
+
+        In this order: the number of prompts, n, stop_token_ids, then the context: the
+        longest prompt plus max_tokens, checked only when the client gave max_tokens
+        ("the prompt" for one prompt, "the longest prompt" for several).
+        """
+        raise NotImplementedError("Exercise 9.6: what a request can never get")
+
+    def check_batch(self, num_prompts: int) -> None:
+        """More prompts than `capacity`: param "prompt", code "too_many_prompts"."""
+        raise NotImplementedError("Exercise 9.6: what a request can never get")
+
+    def _check_samples(self, n: int) -> None:
+        """n above `max_num_seqs` (samples run side by side): param "n", "too_many_samples"."""
+        raise NotImplementedError("Exercise 9.6: what a request can never get")
+
+    def _check_stop_token_ids(self, token_ids: list[int]) -> None:
+        """Ids at or above `vocab_size`: param "stop_token_ids", no code; name a few of them."""
+        raise NotImplementedError("Exercise 9.6: what a request can never get")
+
+    def _check_context(self, what: str, prompt_len: int, max_tokens: int, param: str) -> None:
+        """prompt + max_tokens above `max_model_len`: param `param`, "context_length_exceeded",
+        the message saying how many tokens can be generated. A prompt that alone fills the
+        context is left to the engine, which says so itself."""
+        raise NotImplementedError("Exercise 9.6: what a request can never get")

@@ -298,6 +298,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             "output_processor.py",
             "bench/serve_metrics.py",
             "stop_strings.py",
+            "server/limits.py",
         ),
         header=(
             '"""Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop\n'
@@ -307,13 +308,15 @@ CHAPTERS: tuple[Chapter, ...] = (
             "`SampleOutput.update`, the output processor's turn of new tokens into the text\n"
             "delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps\n"
             "and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a\n"
-            "stream of text at its first stop string. Plug your policy into the router with\n"
+            "stream of text at its first stop string, then `ServerLimits`, the server's\n"
+            "refusal of what a request can never get. Plug your policy into the router with\n"
             "`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into\n"
             "the engine with `LLM(sample_output_cls=SampleOutput,\n"
             "stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records\n"
-            "of a load test (`run_load(...).records`).\n"
+            "of a load test (`run_load(...).records`), and your limits into the server with\n"
+            "`build_server(llm, ServerConfig(...), limits_cls=ServerLimits)`.\n"
             '"""\n\n'
-            "from __future__ import annotations  # 9.2 names StopStringMatcher, which 9.5 defines\n\n"
+            "from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher\n\n"
             "from collections.abc import Sequence\n"
             "from dataclasses import dataclass\n\n"
             "from minserve.bench.serve_metrics import RequestRecord\n"
@@ -322,6 +325,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.outputs import CompletionOutput\n"
             "from minserve.router.policy import Decision, _Turns\n"
             "from minserve.router.prefix_index import Key, PrefixIndex\n"
+            "from minserve.sampling_params import SamplingParams\n"
+            "from minserve.server.errors import APIError\n"
         ),
         checks="minserve.course.checks_ch09",
     ),

@@ -1,5 +1,6 @@
 """Checks for chapter 09 (the server), run against any module that defines `CacheAware`,
-`SampleOutput`, the timing and goodput functions and `StopStringMatcher`: minserve's own,
+`SampleOutput`, the timing and goodput functions, `StopStringMatcher` and `ServerLimits`:
+minserve's own,
 the solutions, or a student's exercise file.
 
 Routing checks use chunks of 4 token ids, so a prompt of 12 ids is 3 chunks and a replica
@@ -30,6 +31,9 @@ from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.prefix_index import PrefixIndex
+from minserve.sampling_params import SamplingParams
+from minserve.server.errors import APIError
+from minserve.server.limits import ServerLimits
 from minserve.stop_strings import StopStringMatcher, first_stop, partial_stop_length
 
 CHUNK = 4
@@ -412,7 +416,7 @@ def _stream(matcher: Any, deltas: list[str], flush: bool) -> list[tuple[str, str
 
 
 def check_first_stop_is_the_one_completed_first(impl: ModuleType) -> None:
-    """ "end" ends before "stop" in "the end. stop"; "ab" beats "b" in "xab" (same end, longer)."""
+    """In "the end. stop", "end" ends first; in "xab", "ab" beats "b" (same end, longer)."""
     cases = [("the end. stop", ["stop", "end"]), ("xab", ["b", "ab"]), ("xabcd", ["bcd", "abc"]),
              ("no match here", ["stop"]), ("aaa", ["aa", "a"]), ("", ["x"])]  # fmt: skip
     for text, stops in cases:
@@ -421,7 +425,7 @@ def check_first_stop_is_the_one_completed_first(impl: ModuleType) -> None:
 
 
 def check_partial_stop_length_is_the_longest_tail_that_can_grow(impl: ModuleType) -> None:
-    """ "The </an" could become "</answer>": hold 4; a whole stop string or no prefix: 0."""
+    """A tail "</an" could become "</answer>": hold 4; a whole stop string or no prefix: 0"""
     cases = [("The </an", ["</answer>"]), ("abc", ["abc"]), ("xx<", ["<<a"]), ("x<<", ["<<a"]),
              ("hello", ["stop", "lo!", "o?"]), ("", ["stop"]), ("ab", ["b", "bc"]),
              ("aaaa", ["aaab"])]  # fmt: skip
@@ -431,8 +435,7 @@ def check_partial_stop_length_is_the_longest_tail_that_can_grow(impl: ModuleType
 
 
 def check_a_stop_string_across_two_deltas_is_cut(impl: ModuleType) -> None:
-    """ "The </ans" then "wer> more": "The " first, then "" and the stop string; with
-    include_stop_str_in_output the second delta is "</answer>"."""
+    """Across deltas "The </ans" + "wer> more": "The ", then "" (or the stop string) and it"""
     for include in (False, True):
         want = _stream(StopStringMatcher(["</answer>"], include), ["The </ans", "wer> more"], False)
         got = _stream(impl.StopStringMatcher(["</answer>"], include), ["The </ans", "wer> more"],
@@ -444,7 +447,7 @@ def check_a_stop_string_across_two_deltas_is_cut(impl: ModuleType) -> None:
 
 
 def check_flush_releases_the_held_tail_and_a_match_ends_the_text(impl: ModuleType) -> None:
-    """ "a </an" ends without a stop string: flush gives "</an"; feeding after a match raises."""
+    """Text "a </an" ends without a stop: flush gives "</an"; feeding after a match raises."""
     matcher = impl.StopStringMatcher(["</answer>"])
     got = [matcher.feed("a </an"), matcher.flush(), matcher.flush()]
     want = [("a ", None), "</an", ""]
@@ -488,6 +491,82 @@ def check_random_streams_match_minserves_matcher(impl: ModuleType) -> None:
     agrees()
 
 
+# Exercise 9.6: a server with max_model_len 100, 4 sequences, 10 requests, vocabulary 50.
+LIMITS = ServerLimits(max_model_len=100, max_num_seqs=4, capacity=10, vocab_size=50)
+
+
+def _refusal(limits: Any, lengths: list[int], params: SamplingParams, given: bool) -> tuple:
+    """(status, param, code, message) of the APIError `check` raises, or None."""
+    try:
+        limits.check(lengths, params, "max_tokens", given)
+    except APIError as error:
+        return error.status, error.param, error.code, error.message
+    return None
+
+
+def _refused_as_minserve(impl: ModuleType, lengths: list[int], params: SamplingParams,
+                         given: bool, numbers: tuple[int, ...] = ()) -> None:  # fmt: skip
+    """The student's check refuses exactly what minserve's does, with its status, param and
+    code, and a message naming `numbers` (and every number minserve's message names)."""
+    yours = impl.ServerLimits(100, 4, 10, 50)
+    want, got = _refusal(LIMITS, lengths, params, given), _refusal(yours, lengths, params, given)
+    case = (
+        f"max_model_len 100, max_num_seqs 4, capacity 10, vocab 50; prompts of {lengths} "
+        f"tokens, n={params.n}, max_tokens={params.max_tokens} (given: {given}), "
+        f"stop_token_ids={params.stop_token_ids}"
+    )
+    if want is None or got is None:
+        assert got == want, f"{case}: expected {want or 'no refusal'}, got {got or 'no refusal'}"
+        return
+    assert got[:3] == want[:3], (
+        f"{case}: expected APIError status {want[0]}, param {want[1]!r}, code {want[2]!r} "
+        f"({want[3]!r}); got status {got[0]}, param {got[1]!r}, code {got[2]!r} ({got[3]!r})"
+    )
+    for number in numbers:
+        assert str(number) in got[3], f"{case}: the message should say {number}; got {got[3]!r}"
+
+
+def check_a_prompt_and_max_tokens_past_the_context_are_refused(impl: ModuleType) -> None:
+    """60 + 50 > 100: a 400 "context_length_exceeded" on max_tokens naming 60, 50, 100, 40."""
+    _refused_as_minserve(impl, [60], SamplingParams(max_tokens=50), True, (60, 50, 100, 40))
+    _refused_as_minserve(impl, [60, 90], SamplingParams(max_tokens=5), True, (90, 5, 100, 10))
+    _refused_as_minserve(impl, [60], SamplingParams(max_tokens=40), True)  # exactly fits
+    _refused_as_minserve(impl, [60], SamplingParams(max_tokens=50), False)  # a default: no
+    _refused_as_minserve(impl, [100], SamplingParams(max_tokens=5), True)  # the engine's
+
+
+def check_too_many_samples_prompts_or_a_bad_stop_token_are_refused(impl: ModuleType) -> None:
+    """n 5 > 4 sequences, 11 prompts > 10 requests, stop token 50 >= vocabulary 50: each a 400."""
+    sampled = SamplingParams(n=5, temperature=1.0, max_tokens=5)
+    _refused_as_minserve(impl, [3], sampled, True, (5, 4))
+    _refused_as_minserve(impl, [3] * 11, SamplingParams(max_tokens=5), True, (11, 10))
+    stops = SamplingParams(max_tokens=5, stop_token_ids=[7, 50, 99])
+    _refused_as_minserve(impl, [3], stops, True, (50, 99))
+    _refused_as_minserve(impl, [3], SamplingParams(max_tokens=5, stop_token_ids=[50]), True)
+    fine = SamplingParams(n=4, temperature=1.0, max_tokens=5, stop_token_ids=[49])
+    _refused_as_minserve(impl, [3] * 10, fine, True)
+
+
+def check_random_requests_are_refused_as_minserves_limits_refuse_them(impl: ModuleType) -> None:
+    """Random prompts, n, max_tokens and stop ids: the same refusals, in the same order."""
+    _refused_as_minserve(impl, [60], SamplingParams(max_tokens=50), True)  # a stub stops here
+
+    @_PROPERTY
+    @given(
+        lengths=st.lists(st.integers(1, 120), min_size=1, max_size=12),
+        n=st.integers(1, 6),
+        max_tokens=st.integers(1, 120),
+        given_=st.booleans(),
+        stop_ids=st.lists(st.integers(0, 60), max_size=3),
+    )
+    def agrees(lengths: list[int], n: int, max_tokens: int, given_: bool, stop_ids: list[int]):
+        params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens,
+                                stop_token_ids=stop_ids)  # fmt: skip
+        _refused_as_minserve(impl, lengths, params, given_)
+
+    agrees()
+
+
 CHECKS = [
     check_an_unknown_prompt_goes_to_the_least_loaded,
     check_no_key_goes_to_the_least_loaded,
@@ -517,6 +596,9 @@ CHECKS = [
     check_a_stop_string_across_two_deltas_is_cut,
     check_flush_releases_the_held_tail_and_a_match_ends_the_text,
     check_random_streams_match_minserves_matcher,
+    check_a_prompt_and_max_tokens_past_the_context_are_refused,
+    check_too_many_samples_prompts_or_a_bad_stop_token_are_refused,
+    check_random_requests_are_refused_as_minserves_limits_refuse_them,
 ]
 
 
@@ -581,6 +663,19 @@ HINTS["9.5"] = (
     "you; `s.startswith(tail)` tests a tail; in feed, `text[:start]` (or through "
     "`start + len(...)` with include_stop_str_in_output) is the shown text once a stop "
     "string matched; otherwise the last `keep` characters go into `self._held`.",
+)
+HINTS["9.6"] = (
+    "A 503 means busy, try later; a request that could never run deserves a 400 now, "
+    "with the numbers that rule it out, so a client can fix it instead of retrying "
+    "forever. Each bound is one comparison against a number the engine was built with.",
+    "check runs the four tests in order: the batch size against capacity, n against "
+    "max_num_seqs, the stop token ids against vocab_size, and, only when the client set "
+    "max_tokens, the longest prompt plus max_tokens against max_model_len. Each helper "
+    "raises an APIError with status 400, the parameter at fault and the code, or returns.",
+    "`len(prompt_lengths)` is the batch; `max(prompt_lengths)` the prompt that decides the "
+    "context; the room left is `self.max_model_len - prompt_len`; a prompt already at or "
+    'past max_model_len returns early; `APIError(400, f"...", param=..., code=...)` '
+    "carries the refusal.",
 )
 
 PROGRESS: dict[str, str] = {
