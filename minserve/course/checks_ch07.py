@@ -498,8 +498,8 @@ HINTS["7.5"] = (
     "head; else an even share. Features are heads times head_dim. local_config is the "
     "config with the rank's counts in place of the whole model's. check_divisible: test "
     "world_size >= 1, then heads, KV heads (either way round) and the MLP in turn.",
-    "`per_rank = self.config.num_heads // self.world_size`, then "
-    "`range(self.rank * per_rank, ...)`; in the replicated case the ranks per KV head "
+    "The share is `self.config.num_heads // self.world_size` heads, starting at "
+    "`self.rank` times that; in the replicated case the ranks per KV head "
     "are `self.world_size // cfg.num_kv_heads`; `dataclasses.replace(self.config, "
     "num_heads=..., ...)` builds the local config; raise `TensorParallelError(...)` with "
     "f-strings that show world_size.",
