@@ -670,7 +670,7 @@ HINTS["9.6"] = (
     "forever. Each bound is one comparison against a number the engine was built with.",
     "check runs the four tests in order: the batch size against capacity, n against "
     "max_num_seqs, the stop token ids against vocab_size, and, only when the client set "
-    "max_tokens, the longest prompt plus max_tokens against max_model_len. Each helper "
+    "max_tokens, the longest prompt plus max_tokens against max_model_len. Each of the four "
     "raises an APIError with status 400, the parameter at fault and the code, or returns.",
     "`len(prompt_lengths)` is the batch; `max(prompt_lengths)` the prompt that decides the "
     "context; the room left is `self.max_model_len - prompt_len`; a prompt already at or "
