@@ -1,19 +1,26 @@
 # Your workspace for chapter 09 (Assembling the server): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 09` from the repository root.
-# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py by `python -m minserve.course.generate`.
-# stub fingerprint: 658ae62e88cf (lets the generator tell your edits from a stale stub)
-"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.
+# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py, minserve/server/limits.py by `python -m minserve.course.generate`.
+# stub fingerprint: 0b726bd326fb (lets the generator tell your edits from a stale stub)
+"""Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop
+strings.
 
 You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
 it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
 delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
-and the goodput of a run at an SLO. Plug your policy into the router with
+and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a
+stream of text at its first stop string, then `ServerLimits`, the server's
+refusal of what a request can never get. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
-the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and
-goodput the records of a load test (`run_load(...).records`).
+the engine with `LLM(sample_output_cls=SampleOutput,
+stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records
+of a load test (`run_load(...).records`), and your limits into the server with
+`build_server(llm, ServerConfig(...), limits_cls=ServerLimits)`.
 """
+
+from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +31,8 @@ from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.policy import Decision, _Turns
 from minserve.router.prefix_index import Key, PrefixIndex
-from minserve.stop_strings import StopStringMatcher
+from minserve.sampling_params import SamplingParams
+from minserve.server.errors import APIError
 
 
 # Exercise 9.1: cache-aware routing
@@ -131,3 +139,100 @@ def request_goodput(
     A failed request (`record.success` False) never counts, whatever its timings.
     """
     raise NotImplementedError("Exercise 9.4: goodput at an SLO")
+
+
+# Exercise 9.5: stop strings across deltas
+def first_stop(text: str, stop_strings: Sequence[str]) -> tuple[int, str] | None:
+    """(start, stop string) of the stop string that completes first in `text`, or None.
+
+    First means the earliest end (start + length) of each string's first occurrence; on a
+    tie, the longer string, which starts earlier ("ab" and "b" both end in "xab": "ab").
+    """
+    raise NotImplementedError("Exercise 9.5: stop strings across deltas")
+
+
+def partial_stop_length(text: str, stop_strings: Sequence[str]) -> int:
+    """Length of the longest tail of `text` that is the beginning of some stop string.
+
+    Only proper beginnings count (a whole stop string would have matched already), so the
+    answer is below the longest stop string's length; 0 when no tail can grow into one.
+    """
+    raise NotImplementedError("Exercise 9.5: stop strings across deltas")
+
+
+class StopStringMatcher:
+    """Streams text through, cut exactly at the first stop string (OpenAI's / vLLM's `stop`)."""
+
+    def __init__(self, stop_strings: Sequence[str], include_stop_str_in_output: bool = False):
+        if isinstance(stop_strings, str):
+            raise TypeError("stop_strings must be a sequence of strings, not a single string")
+        if not all(isinstance(s, str) and s for s in stop_strings):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stop_strings)!r}")
+        self.stop_strings = tuple(stop_strings)
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.matched: str | None = None  # the stop string that ended the text
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, str | None]:
+        """Take the next piece of text; return (text safe to show now, stop string or None).
+
+        The text is what was held back plus `delta`. If a stop string completes in it, return
+        the text up to its start (through its end with `include_stop_str_in_output`) and the
+        string, record it in `self.matched` and hold nothing. Otherwise hold back the
+        longest tail that could still become a stop string (`self._held`) and return the
+        rest. Feeding after a match is a RuntimeError.
+        """
+        raise NotImplementedError("Exercise 9.5: stop strings across deltas")
+
+    def flush(self) -> str:
+        """Generation ended for another reason: the held-back tail was no stop string after all.
+
+        Return it, and hold nothing from now on.
+        """
+        raise NotImplementedError("Exercise 9.5: stop strings across deltas")
+
+
+# Exercise 9.6: what a request can never get
+@dataclass(frozen=True)
+class ServerLimits:
+    """The engine's bounds, as the HTTP layer sees them.
+
+    Every refusal is `APIError(400, message, param=..., code=...)` whose message gives the
+    numbers: what the request asked for and the bound it breaks.
+    """
+
+    max_model_len: int
+    max_num_seqs: int
+    capacity: int  # requests in flight at most: max_num_seqs + max_queued
+    vocab_size: int  # token ids run below it (the engine checks a prompt's)
+
+    def check(
+        self, prompt_lengths: list[int], params: SamplingParams, max_tokens_param: str,
+        max_tokens_given: bool,
+    ) -> None:  # fmt: skip
+        """Refuse what cannot fit; `max_tokens_given`: the client chose it (a default stops
+        at the end of the context instead).
+
+        In this order: the number of prompts, n, stop_token_ids, then the context: the
+        longest prompt plus max_tokens, checked only when the client gave max_tokens
+        ("the prompt" for one prompt, "the longest prompt" for several).
+        """
+        raise NotImplementedError("Exercise 9.6: what a request can never get")
+
+    def check_batch(self, num_prompts: int) -> None:
+        """More prompts than `capacity`: param "prompt", code "too_many_prompts"."""
+        raise NotImplementedError("Exercise 9.6: what a request can never get")
+
+    def _check_samples(self, n: int) -> None:
+        """n above `max_num_seqs` (samples run side by side): param "n", "too_many_samples"."""
+        raise NotImplementedError("Exercise 9.6: what a request can never get")
+
+    def _check_stop_token_ids(self, token_ids: list[int]) -> None:
+        """Ids at or above `vocab_size`: param "stop_token_ids", no code; name a few of them."""
+        raise NotImplementedError("Exercise 9.6: what a request can never get")
+
+    def _check_context(self, what: str, prompt_len: int, max_tokens: int, param: str) -> None:
+        """prompt + max_tokens above `max_model_len`: param `param`, "context_length_exceeded",
+        the message saying how many tokens can be generated. A prompt that alone fills the
+        context is left to the engine, which says so itself."""
+        raise NotImplementedError("Exercise 9.6: what a request can never get")

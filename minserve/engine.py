@@ -55,6 +55,7 @@ from minserve.scheduler.scheduler import Scheduler
 from minserve.scheduler.sequence import Sequence
 from minserve.speculative.config import SpeculativeConfig
 from minserve.step_timings import PhaseClock, StepTimings
+from minserve.stop_strings import StopStringMatcher
 from minserve.worker.memory import GIB, measure_kv_cache_budget
 from minserve.worker.warmup import warm_up
 from minserve.worker.worker import StepPeers, Worker
@@ -123,6 +124,7 @@ class LLMEngine:
         peers: StepPeers | None = None,  # tensor parallel: the other ranks' workers
         speculative_config: SpeculativeConfig | None = None,
         sample_output_cls: type = SampleOutput,
+        stop_matcher_cls: type = StopStringMatcher,
         decode_kernels: DecodeKernels | None = None,  # chapter 02: the Triton decode kernels
         attend: Attend | None = None,  # a contiguous attention function (chapter 00)
         block_table_cls: type = BlockTable,
@@ -172,7 +174,9 @@ class LLMEngine:
         self.scheduler = scheduler_cls(  # scheduling_rules: chapter 04's chunk_rule, ...
             scheduler_config, self.kv, self.rules, drafts, **(scheduling_rules or {})
         )
-        self.output_processor = OutputProcessor(loaded.tokenizer, sample_output_cls)
+        self.output_processor = OutputProcessor(
+            loaded.tokenizer, sample_output_cls, stop_matcher_cls
+        )
         self.counters = EngineCounters()
         self.timings = StepTimings()  # every step's, summed
         self.observers: list[StepObserver] = []  # called with each step's record

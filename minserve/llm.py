@@ -24,7 +24,7 @@ from minserve.model.loader import LoadedModel, load_model
 from minserve.model.ops import MODEL_OPS, ModelOps
 from minserve.model.sampler import Sampler
 from minserve.model.tokenizer import Tokenizer
-from minserve.output_processor import OutputProcessor, SampleOutput
+from minserve.output_processor import OutputProcessor, SampleOutput, check_stop_matcher_cls
 from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.reference import ReferenceGenerator
 from minserve.request import Request, StopRules, validate_params, validate_prompt
@@ -32,6 +32,7 @@ from minserve.sampling_params import SamplingParams
 from minserve.scheduler.policy import priority_value
 from minserve.scheduler.scheduler import Scheduler
 from minserve.speculative.config import SpeculativeConfig
+from minserve.stop_strings import StopStringMatcher
 
 # A prompt is text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...}.
 Prompt = str | list[int] | dict[str, Any]
@@ -69,6 +70,8 @@ class LLM:
     sequence's share of a step's token budget, as `minserve.scheduler.budget.prefill_chunk`)
     and preemption_rule (swap or recompute a preempted sequence, as
     `minserve.scheduler.preemption.preemption_mode`) replace chapter 04's two rules.
+    stop_matcher_cls cuts each sample's text at its stop strings, as
+    `minserve.stop_strings.StopStringMatcher` (chapter 09: `LLM(stop_matcher_cls=...)`).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class LLM:
         scheduler_cls: type = Scheduler,
         prefix_cache_cls: type = RadixCache,
         sample_output_cls: type = SampleOutput,
+        stop_matcher_cls: type = StopStringMatcher,
         model_ops: ModelOps | None = None,
         chunk_rule: Callable[[int, int, bool], int] | None = None,
         preemption_rule: Callable[[int, int, int], str] | None = None,
@@ -111,6 +115,7 @@ class LLM:
             raise ValueError("decode_kernels runs on the paged engine with one process only")
         if tensor_parallel_layers is not None and tensor_parallel_size == 1:
             raise ValueError("tensor_parallel_layers applies with tensor_parallel_size > 1")
+        check_stop_matcher_cls(stop_matcher_cls)
         cache = CacheConfig(
             block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching,
             kv_offloading_size, gpu_memory_utilization,
@@ -143,6 +148,7 @@ class LLM:
                 self.loaded, cache, scheduler, max_model_len, self.sampler,
                 attention_backend, block_allocator_cls, scheduler_cls, prefix_cache_cls,
                 **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
+                stop_matcher_cls=stop_matcher_cls,
                 decode_kernels=decode_kernels, attend=attend, block_table_cls=block_table_cls,
                 scheduling_rules=rules,
             )  # fmt: skip
@@ -160,6 +166,7 @@ class LLM:
         )
         logger.info(self.execution.summary())
         self.sample_output_cls = sample_output_cls
+        self.stop_matcher_cls = stop_matcher_cls
         self._ids = itertools.count()
 
     def shutdown(self) -> None:
@@ -275,7 +282,9 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """The reference path's deltas, through an output processor of its own."""
         assert self.reference is not None
-        outputs = OutputProcessor(self.loaded.tokenizer, self.sample_output_cls)
+        outputs = OutputProcessor(
+            self.loaded.tokenizer, self.sample_output_cls, self.stop_matcher_cls
+        )
         requests = []
         for request_id, (text, ids), sp in zip(request_ids, prompts, params):
             request = Request.create(request_id, ids, sp)

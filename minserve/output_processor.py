@@ -116,12 +116,29 @@ class ProcessedStep:
     failed: dict[str, str] = field(default_factory=dict)  # request id -> why
 
 
+def check_stop_matcher_cls(cls: type) -> None:
+    """Refuse a stop-string matcher class that lacks StopStringMatcher's feed and flush."""
+    missing = [m for m in ("feed", "flush") if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or missing:
+        raise TypeError(
+            "stop_matcher_cls must be a class with feed and flush methods, like "
+            f"StopStringMatcher; got {cls!r}"
+        )
+
+
 class OutputProcessor:
     """Turns each step's new tokens into deltas, for every request the engine holds."""
 
-    def __init__(self, tokenizer: Tokenizer, sample_output_cls: type = SampleOutput) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        sample_output_cls: type = SampleOutput,
+        stop_matcher_cls: type = StopStringMatcher,
+    ) -> None:
+        check_stop_matcher_cls(stop_matcher_cls)
         self.tokenizer = tokenizer
         self.sample_output_cls = sample_output_cls  # chapter 09 plugs the student's in here
+        self.stop_matcher_cls = stop_matcher_cls  # and its stop-string matcher (9.5) here
         self.requests: dict[str, RequestState] = {}
 
     def add_request(
@@ -138,7 +155,7 @@ class OutputProcessor:
                 detokenizer=IncrementalDetokenizer(
                     self.tokenizer, prompt_token_ids, params.skip_special_tokens
                 ),
-                stops=StopStringMatcher(params.stop_strings, params.include_stop_str_in_output),
+                stops=self.stop_matcher_cls(params.stop_strings, params.include_stop_str_in_output),
                 with_logprobs=params.logprobs is not None,
             )
             for i in range(params.n)

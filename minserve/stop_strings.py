@@ -15,23 +15,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+# >>> exercise 9.5: stop strings across deltas
 def first_stop(text: str, stop_strings: Sequence[str]) -> tuple[int, str] | None:
-    """(start, stop string) of the stop string that completes first in `text`, or None."""
+    """(start, stop string) of the stop string that completes first in `text`, or None.
+
+    First means the earliest end (start + length) of each string's first occurrence; on a
+    tie, the longer string, which starts earlier ("ab" and "b" both end in "xab": "ab").
+    """
+    # >>> solution
     found = [(start + len(s), start, s) for s in stop_strings if (start := text.find(s)) >= 0]
     if not found:
         return None
     _end, start, stop = min(found)
     return start, stop
+    # <<< solution
 
 
 def partial_stop_length(text: str, stop_strings: Sequence[str]) -> int:
-    """Length of the longest tail of `text` that is the beginning of some stop string."""
+    """Length of the longest tail of `text` that is the beginning of some stop string.
+
+    Only proper beginnings count (a whole stop string would have matched already), so the
+    answer is below the longest stop string's length; 0 when no tail can grow into one.
+    """
+    # >>> solution
     longest = max((len(s) for s in stop_strings), default=0)
     for length in range(min(len(text), longest - 1), 0, -1):
         tail = text[-length:]
         if any(s.startswith(tail) for s in stop_strings):
             return length
     return 0
+    # <<< solution
 
 
 class StopStringMatcher:
@@ -48,7 +61,15 @@ class StopStringMatcher:
         self._held = ""
 
     def feed(self, delta: str) -> tuple[str, str | None]:
-        """Take the next piece of text; return (text safe to show now, stop string or None)."""
+        """Take the next piece of text; return (text safe to show now, stop string or None).
+
+        The text is what was held back plus `delta`. If a stop string completes in it, return
+        the text up to its start (through its end with `include_stop_str_in_output`) and the
+        string, record it in `self.matched` and hold nothing. Otherwise hold back the
+        longest tail that could still become a stop string (`self._held`) and return the
+        rest. Feeding after a match is a RuntimeError.
+        """
+        # >>> solution
         if self.matched is not None:
             raise RuntimeError(f"stop string {self.matched!r} already matched; the text has ended")
         text = self._held + delta
@@ -61,8 +82,17 @@ class StopStringMatcher:
         keep = partial_stop_length(text, self.stop_strings)
         self._held = text[len(text) - keep :]
         return text[: len(text) - keep], None
+        # <<< solution
 
     def flush(self) -> str:
-        """Generation ended for another reason: the held-back tail was no stop string after all."""
+        """Generation ended for another reason: the held-back tail was no stop string after all.
+
+        Return it, and hold nothing from now on.
+        """
+        # >>> solution
         held, self._held = self._held, ""
         return held
+        # <<< solution
+
+
+# <<< exercise

@@ -1,15 +1,21 @@
-# Generated from minserve/distributed/layers.py, minserve/distributed/shard_model.py by `python -m minserve.course.generate`;
+# Generated from minserve/distributed/layers.py, minserve/distributed/shard_model.py, minserve/distributed/vocab.py, minserve/distributed/layout.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers, and
-where the attention block's all-reduce goes.
+"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers,
+where the attention block's all-reduce goes, the vocabulary split, and which
+heads and features each rank holds.
 
 Megatron-LM splits a linear layer over N ranks by its output features (column-
 parallel: no communication) or by its input features (row-parallel: one
-all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather).
-Plug this module into the engine with `LLM(tensor_parallel_size=3,
-tensor_parallel_layers="exercises.ch07_parallel_linear")`.
+all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather,
+gather). Plug this module into the engine with `LLM(tensor_parallel_size=3,
+tensor_parallel_layers="exercises.ch07_parallel_linear")`: every rank builds
+its shard with your layers, your vocabulary blocks and your `TPLayout`.
 """
 
+from __future__ import annotations  # 7.3 names TPLayout, which 7.5 defines
+
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -18,8 +24,9 @@ from torch import nn
 
 from minserve.distributed.comm import Communicator
 from minserve.distributed.layers import even_split, meta_parameter
-from minserve.distributed.layout import TPLayout
+from minserve.distributed.layout import TensorParallelError
 from minserve.model.llama import SelfAttention
+from minserve.model_config import ModelConfig
 
 
 # Exercise 7.1: column-parallel linear
@@ -132,3 +139,174 @@ def parallelize_attention(
     attn.o_proj = linear.RowParallelLinear(
         cfg.q_size, hidden, comm, cfg.o_bias, cols=q_rows, dtype=dtype
     )
+
+
+# Exercise 7.4: the vocabulary-parallel embedding and LM head
+def vocab_block(vocab_size: int, rank: int, world_size: int) -> range:
+    """Rank `rank`'s token ids: blocks of ceil(vocab / world_size), the last one shorter.
+
+    Every rank but the last holds ceil(vocab / world_size) ids; the last holds what is left,
+    which may be nothing at all (vocab 5 over 4 ranks: blocks of 2, rank 3 gets range(5, 5)).
+    """
+    per_rank = math.ceil(vocab_size / world_size)
+    return range(min(rank * per_rank, vocab_size), min((rank + 1) * per_rank, vocab_size))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token id -> hidden vector, with this rank holding only its block of the table."""
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, comm: Communicator, dtype: torch.dtype | None
+    ) -> None:
+        super().__init__()
+        self.comm = comm
+        self.vocab_size = vocab_size
+        self.rows = vocab_block(vocab_size, comm.rank, comm.world_size)
+        self.padded_rows = math.ceil(vocab_size / comm.world_size)
+        self.weight = meta_parameter((self.padded_rows, hidden_size), dtype)  # [V_local, hidden]
+
+    def shard(self, weight: torch.Tensor, bias: None = None) -> dict[str, torch.Tensor]:
+        """The full table [V, hidden] -> this rank's block, zero-padded to [V_local, hidden].
+
+        V_local is `self.padded_rows` on every rank: rows `self.rows` of the table, then
+        zero rows up to that size (the last rank's block can be short, even empty).
+        """
+        block = weight[self.rows.start : self.rows.stop]
+        padding = weight.new_zeros(self.padded_rows - len(self.rows), weight.shape[1])
+        return {"weight": torch.cat([block, padding])}
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> [T, hidden] (one all-reduce).
+
+        Look up the ids in this rank's block (`self.rows`) in the local table; every other
+        id gets a zero row, so that the all-reduce adds exactly one real row per token. Ids
+        of other blocks must not index outside the local table.
+        """
+        local_ids = input_ids - self.rows.start
+        mine = (local_ids >= 0) & (local_ids < len(self.rows))  # [T]
+        x = F.embedding(local_ids.clamp(0, self.padded_rows - 1), self.weight)  # [T, hidden]
+        x = x * mine[:, None].to(x.dtype)  # rows of other ranks' tokens become zeros
+        return self.comm.all_reduce(x)
+
+
+class ParallelLMHead(nn.Module):
+    """hidden -> logits over this rank's vocabulary block; rank 0 gathers the whole row."""
+
+    def __init__(self, embedding: VocabParallelEmbedding, tied: bool) -> None:
+        super().__init__()
+        self.comm = embedding.comm
+        self.vocab_size = embedding.vocab_size
+        self.rows = embedding.rows
+        self.padded_rows = embedding.padded_rows
+        if tied:  # SmolLM2: the LM head is the embedding table, block for block
+            self.weight = embedding.weight
+        else:
+            self.weight = meta_parameter(tuple(embedding.weight.shape), embedding.weight.dtype)
+
+    shard = VocabParallelEmbedding.shard
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, V] on rank 0; [N, 0] elsewhere (they never sample).
+
+        Score this rank's (padded) block, then `self.comm.gather(local)`: rank 0 receives
+        every block side by side, [N, world_size * V_local], other ranks None. Rank 0 drops
+        the padding columns, which sit past `self.vocab_size`.
+        """
+        local = F.linear(hidden, self.weight)  # [N, V_local]
+        logits = self.comm.gather(local)  # rank 0: [N, world_size * V_local]
+        return local[:, :0] if logits is None else logits[:, : self.vocab_size]
+
+
+# Exercise 7.5: which heads and features a rank holds
+@dataclass(frozen=True)
+class TPLayout:
+    """Rank `rank` of `world_size`: its query heads, KV heads and MLP features.
+
+    Everything is a contiguous `range`, rank 0 first. Query heads and MLP features split
+    evenly. KV heads split evenly too when there are at least as many as ranks; with fewer
+    (grouped-query attention at high TP), rank r holds the one KV head its query heads
+    read, so each KV head is replicated on world_size / num_kv_heads neighbouring ranks.
+    """
+
+    config: ModelConfig
+    rank: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        check_divisible(self.config, self.world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside 0 .. {self.world_size - 1}")
+
+    @property
+    def kv_replicated(self) -> bool:
+        """Fewer KV heads than ranks: each KV head lives on several ranks."""
+        return self.config.num_kv_heads < self.world_size
+
+    @property
+    def q_heads(self) -> range:
+        """This rank's query heads: its even share, num_heads / world_size of them."""
+        per_rank = self.config.num_heads // self.world_size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    @property
+    def kv_heads(self) -> range:
+        """The KV heads this rank's query heads read (one, when KV heads are replicated)."""
+        cfg = self.config
+        if self.kv_replicated:
+            head = self.rank // (self.world_size // cfg.num_kv_heads)
+            return range(head, head + 1)
+        per_rank = cfg.num_kv_heads // self.world_size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    @property
+    def mlp_features(self) -> range:
+        """This rank's MLP inner features: rows of gate/up, columns of down_proj."""
+        per_rank = self.config.intermediate_size // self.world_size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    def q_features(self) -> range:
+        """Rows of q_proj (columns of o_proj) for this rank's query heads."""
+        return _features(self.q_heads, self.config.head_dim)
+
+    def kv_features(self) -> range:
+        """Rows of k_proj and v_proj for this rank's KV heads."""
+        return _features(self.kv_heads, self.config.head_dim)
+
+    def local_config(self) -> ModelConfig:
+        """The decoder this rank runs: its heads and MLP width; hidden and vocab unchanged."""
+        return replace(
+            self.config,
+            num_heads=len(self.q_heads),
+            num_kv_heads=len(self.kv_heads),
+            intermediate_size=len(self.mlp_features),
+        )
+
+
+def _features(heads: range, head_dim: int) -> range:
+    """The features (rows of a projection) of `heads`: head_dim consecutive ones each."""
+    return range(heads.start * head_dim, heads.stop * head_dim)
+
+
+def check_divisible(config: ModelConfig, world_size: int) -> None:
+    """Raise `TensorParallelError` unless heads, KV heads and the MLP split over the ranks.
+
+    world_size must be at least 1 and divide the query heads and the MLP's features; KV
+    heads and world_size must divide one another (either one splits the other). Each
+    message names tensor_parallel_size and the number it fails on.
+    """
+    if world_size < 1:
+        raise TensorParallelError(f"tensor_parallel_size must be at least 1, got {world_size}")
+    heads, kv, inner = config.num_heads, config.num_kv_heads, config.intermediate_size
+    if heads % world_size:
+        raise TensorParallelError(
+            f"tensor_parallel_size={world_size} must divide the model's {heads} query heads"
+        )
+    if kv % world_size and world_size % kv:
+        raise TensorParallelError(
+            f"tensor_parallel_size={world_size} and the model's {kv} KV heads must divide one "
+            "another (KV heads are split over ranks, or replicated when there are fewer)"
+        )
+    if inner % world_size:
+        raise TensorParallelError(
+            f"tensor_parallel_size={world_size} must divide the MLP's {inner} features"
+        )

@@ -1,16 +1,23 @@
-# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py by `python -m minserve.course.generate`;
+# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py, minserve/server/limits.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.
+"""Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop
+strings.
 
 You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
 it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
 delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
-and the goodput of a run at an SLO. Plug your policy into the router with
+and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a
+stream of text at its first stop string, then `ServerLimits`, the server's
+refusal of what a request can never get. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
-the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and
-goodput the records of a load test (`run_load(...).records`).
+the engine with `LLM(sample_output_cls=SampleOutput,
+stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records
+of a load test (`run_load(...).records`), and your limits into the server with
+`build_server(llm, ServerConfig(...), limits_cls=ServerLimits)`.
 """
+
+from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +28,8 @@ from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.policy import Decision, _Turns
 from minserve.router.prefix_index import Key, PrefixIndex
-from minserve.stop_strings import StopStringMatcher
+from minserve.sampling_params import SamplingParams
+from minserve.server.errors import APIError
 
 
 # Exercise 9.1: cache-aware routing
@@ -162,3 +170,150 @@ def request_goodput(
     A failed request (`record.success` False) never counts, whatever its timings.
     """
     return sum(r.success and meets_slos(r, slos) for r in records) / duration_s
+
+
+# Exercise 9.5: stop strings across deltas
+def first_stop(text: str, stop_strings: Sequence[str]) -> tuple[int, str] | None:
+    """(start, stop string) of the stop string that completes first in `text`, or None.
+
+    First means the earliest end (start + length) of each string's first occurrence; on a
+    tie, the longer string, which starts earlier ("ab" and "b" both end in "xab": "ab").
+    """
+    found = [(start + len(s), start, s) for s in stop_strings if (start := text.find(s)) >= 0]
+    if not found:
+        return None
+    _end, start, stop = min(found)
+    return start, stop
+
+
+def partial_stop_length(text: str, stop_strings: Sequence[str]) -> int:
+    """Length of the longest tail of `text` that is the beginning of some stop string.
+
+    Only proper beginnings count (a whole stop string would have matched already), so the
+    answer is below the longest stop string's length; 0 when no tail can grow into one.
+    """
+    longest = max((len(s) for s in stop_strings), default=0)
+    for length in range(min(len(text), longest - 1), 0, -1):
+        tail = text[-length:]
+        if any(s.startswith(tail) for s in stop_strings):
+            return length
+    return 0
+
+
+class StopStringMatcher:
+    """Streams text through, cut exactly at the first stop string (OpenAI's / vLLM's `stop`)."""
+
+    def __init__(self, stop_strings: Sequence[str], include_stop_str_in_output: bool = False):
+        if isinstance(stop_strings, str):
+            raise TypeError("stop_strings must be a sequence of strings, not a single string")
+        if not all(isinstance(s, str) and s for s in stop_strings):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stop_strings)!r}")
+        self.stop_strings = tuple(stop_strings)
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.matched: str | None = None  # the stop string that ended the text
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, str | None]:
+        """Take the next piece of text; return (text safe to show now, stop string or None).
+
+        The text is what was held back plus `delta`. If a stop string completes in it, return
+        the text up to its start (through its end with `include_stop_str_in_output`) and the
+        string, record it in `self.matched` and hold nothing. Otherwise hold back the
+        longest tail that could still become a stop string (`self._held`) and return the
+        rest. Feeding after a match is a RuntimeError.
+        """
+        if self.matched is not None:
+            raise RuntimeError(f"stop string {self.matched!r} already matched; the text has ended")
+        text = self._held + delta
+        match = first_stop(text, self.stop_strings)
+        if match is not None:
+            start, self.matched = match
+            self._held = ""
+            end = start + len(self.matched) if self.include_stop_str_in_output else start
+            return text[:end], self.matched
+        keep = partial_stop_length(text, self.stop_strings)
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep], None
+
+    def flush(self) -> str:
+        """Generation ended for another reason: the held-back tail was no stop string after all.
+
+        Return it, and hold nothing from now on.
+        """
+        held, self._held = self._held, ""
+        return held
+
+
+# Exercise 9.6: what a request can never get
+@dataclass(frozen=True)
+class ServerLimits:
+    """The engine's bounds, as the HTTP layer sees them.
+
+    Every refusal is `APIError(400, message, param=..., code=...)` whose message gives the
+    numbers: what the request asked for and the bound it breaks.
+    """
+
+    max_model_len: int
+    max_num_seqs: int
+    capacity: int  # requests in flight at most: max_num_seqs + max_queued
+    vocab_size: int  # token ids run below it (the engine checks a prompt's)
+
+    def check(
+        self, prompt_lengths: list[int], params: SamplingParams, max_tokens_param: str,
+        max_tokens_given: bool,
+    ) -> None:  # fmt: skip
+        """Refuse what cannot fit; `max_tokens_given`: the client chose it (a default stops
+        at the end of the context instead).
+
+        In this order: the number of prompts, n, stop_token_ids, then the context: the
+        longest prompt plus max_tokens, checked only when the client gave max_tokens
+        ("the prompt" for one prompt, "the longest prompt" for several).
+        """
+        self.check_batch(len(prompt_lengths))
+        self._check_samples(params.n)
+        self._check_stop_token_ids(params.stop_token_ids or [])
+        if max_tokens_given and params.max_tokens is not None:
+            what = "the prompt" if len(prompt_lengths) == 1 else "the longest prompt"
+            self._check_context(what, max(prompt_lengths), params.max_tokens, max_tokens_param)
+
+    def check_batch(self, num_prompts: int) -> None:
+        """More prompts than `capacity`: param "prompt", code "too_many_prompts"."""
+        if num_prompts > self.capacity:
+            raise APIError(
+                400, f"the request has {num_prompts} prompts; this server holds at most "
+                f"{self.capacity} requests at once (max_num_seqs + max_queued)",
+                param="prompt", code="too_many_prompts",
+            )  # fmt: skip
+
+    def _check_samples(self, n: int) -> None:
+        """n above `max_num_seqs` (samples run side by side): param "n", "too_many_samples"."""
+        if n > self.max_num_seqs:
+            raise APIError(
+                400, f"n is {n}, but this server runs at most {self.max_num_seqs} sequences "
+                "at once (max_num_seqs), and a request's samples run together",
+                param="n", code="too_many_samples",
+            )  # fmt: skip
+
+    def _check_stop_token_ids(self, token_ids: list[int]) -> None:
+        """Ids at or above `vocab_size`: param "stop_token_ids", no code; name a few of them."""
+        outside = [t for t in token_ids if t >= self.vocab_size]
+        if outside:
+            raise APIError(
+                400, f"stop_token_ids must be below the vocabulary size {self.vocab_size}; "
+                f"got {outside[:5]}", param="stop_token_ids",
+            )  # fmt: skip
+
+    def _check_context(self, what: str, prompt_len: int, max_tokens: int, param: str) -> None:
+        """prompt + max_tokens above `max_model_len`: param `param`, "context_length_exceeded",
+        the message saying how many tokens can be generated. A prompt that alone fills the
+        context is left to the engine, which says so itself."""
+        if prompt_len >= self.max_model_len:
+            return  # the prompt alone is too long: the engine says so (context_length_exceeded)
+        if prompt_len + max_tokens > self.max_model_len:
+            room = self.max_model_len - prompt_len
+            raise APIError(
+                400, f"{param} is {max_tokens}, but {what} has {prompt_len} tokens and "
+                f"max_model_len is {self.max_model_len}: at most {room} tokens can be "
+                f"generated ({prompt_len} + {max_tokens} > {self.max_model_len})",
+                param=param, code="context_length_exceeded",
+            )  # fmt: skip

@@ -117,3 +117,25 @@ def test_a_stop_string_inside_accepted_drafts_drops_the_tokens_after_it(tiny_mod
     shown = sum(len(o.outputs[0].token_ids) for o in got)
     assert spec.get_metrics()["generation_tokens"] - before > shown  # tokens after the stops
     assert_all_blocks_free(spec.engine)
+
+
+def test_chapter_09s_solution_matcher_cuts_the_engines_text_as_minserves(llm) -> None:
+    """`LLM(stop_matcher_cls=...)` with chapter 09's StopStringMatcher: the same outputs."""
+    from solutions.ch09_server import StopStringMatcher as SolutionMatcher
+
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13], [20, 21]]
+    free = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    texts = [out.outputs[0].text for out in llm.generate(prompts, free, use_tqdm=False)]
+    stops = [t[6:9] for t in texts if len(t) > 9] + ["\n\n", "zz"]
+    params = [replace(free, stop=stops, n=2, temperature=0.8, seed=1), replace(free, stop=stops)]
+    solution = LLM(llm.loaded, num_blocks=64, stop_matcher_cls=SolutionMatcher)
+    for sp in params:
+        want = llm.generate(prompts, sp, use_tqdm=False)
+        got = solution.generate(prompts, sp, use_tqdm=False)
+        assert [summary(o) for o in got] == [summary(o) for o in want]
+        assert any(c.finish_reason == "stop" for o in want for c in o.outputs)
+
+
+def test_a_stop_matcher_class_without_feed_and_flush_is_refused(tiny_model) -> None:
+    with pytest.raises(TypeError, match="stop_matcher_cls must be a class with feed and flush"):
+        LLM(tiny_model("llama"), stop_matcher_cls=dict)

@@ -283,3 +283,25 @@ def test_a_wrong_method_names_the_allowed_one(server) -> None:
     response = send(server, "GET", "/v1/completions")
     assert_openai_error(response, 405, None)
     assert response.headers["allow"] == "POST"
+
+
+def test_chapter_09s_solution_limits_answer_every_case_as_minserves(server) -> None:
+    """`build_server(..., limits_cls=...)` with chapter 09's ServerLimits: the same responses."""
+    from solutions.ch09_server import ServerLimits as SolutionLimits
+
+    llm = LLM(server.engine.engine.loaded, num_blocks=64, block_size=4,
+              max_model_len=MAX_MODEL_LEN, max_num_seqs=1)  # fmt: skip
+    config = ServerConfig(MODEL, max_request_bytes=MAX_BYTES)
+    solution = build_server(llm, config, max_queued=0, limits_cls=SolutionLimits).start()
+    try:
+        for case, path, body, _status, _param in CASES:
+            want, got = send(server, "POST", path, body), send(solution, "POST", path, body)
+            assert (got.status_code, got.json()) == (want.status_code, want.json()), case
+    finally:
+        solution.shutdown()
+
+
+def test_a_limits_class_without_check_is_refused(server) -> None:
+    llm = LLM(server.engine.engine.loaded, num_blocks=16, block_size=4)
+    with pytest.raises(TypeError, match="limits_cls must be a class with check and check_batch"):
+        build_server(llm, ServerConfig(MODEL), limits_cls=dict)

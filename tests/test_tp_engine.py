@@ -100,3 +100,17 @@ def test_options_tensor_parallel_cannot_honour_are_refused(tiny_model) -> None:
         LLM(path, engine="reference", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_layers applies with"):
         LLM(path, tensor_parallel_layers="minserve.distributed.layers")
+
+
+def test_tp2_built_from_the_chapter_07_solutions_gives_tp1s_tokens(tiny_model, deadline) -> None:
+    """Chapter 07's solutions (parallel layers, vocabulary blocks, layout) in every rank."""
+    path = tiny_model("llama")
+    expected = _tokens(LLM(path, num_blocks=64, block_size=4), PROMPTS)
+    llm = LLM(
+        path, num_blocks=64, block_size=4, tensor_parallel_size=2,
+        tensor_parallel_layers="solutions.ch07_parallel_linear",
+    )  # fmt: skip
+    try:
+        assert _tokens(llm, PROMPTS) == expected
+    finally:
+        llm.shutdown()

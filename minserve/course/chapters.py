@@ -219,24 +219,35 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="tensor_parallelism",
         title="Tensor parallelism",
         module="ch07_parallel_linear",
-        sources=("distributed/layers.py", "distributed/shard_model.py"),
+        sources=(
+            "distributed/layers.py",
+            "distributed/shard_model.py",
+            "distributed/vocab.py",
+            "distributed/layout.py",
+        ),
         header=(
-            '"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers, and\n'
-            "where the attention block's all-reduce goes.\n\n"
+            '"""Chapter 07, Tensor parallelism: column- and row-parallel linear layers,\n'
+            "where the attention block's all-reduce goes, the vocabulary split, and which\n"
+            "heads and features each rank holds.\n\n"
             "Megatron-LM splits a linear layer over N ranks by its output features (column-\n"
             "parallel: no communication) or by its input features (row-parallel: one\n"
-            "all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather).\n"
-            "Plug this module into the engine with `LLM(tensor_parallel_size=3,\n"
-            'tensor_parallel_layers="exercises.ch07_parallel_linear")`.\n'
+            "all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather,\n"
+            "gather). Plug this module into the engine with `LLM(tensor_parallel_size=3,\n"
+            'tensor_parallel_layers="exercises.ch07_parallel_linear")`: every rank builds\n'
+            "its shard with your layers, your vocabulary blocks and your `TPLayout`.\n"
             '"""\n\n'
+            "from __future__ import annotations  # 7.3 names TPLayout, which 7.5 defines\n\n"
+            "import math\n"
+            "from dataclasses import dataclass, replace\n"
             "from typing import Any\n\n"
             "import torch\n"
             "import torch.nn.functional as F  # noqa: F401  (your code will want it)\n"
             "from torch import nn\n\n"
             "from minserve.distributed.comm import Communicator\n"
             "from minserve.distributed.layers import even_split, meta_parameter\n"
-            "from minserve.distributed.layout import TPLayout\n"
+            "from minserve.distributed.layout import TensorParallelError\n"
             "from minserve.model.llama import SelfAttention\n"
+            "from minserve.model_config import ModelConfig\n"
         ),
         checks="minserve.course.checks_ch07",
     ),
@@ -282,18 +293,30 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="assembling_the_server",
         title="Assembling the server",
         module="ch09_server",
-        sources=("router/policy.py", "output_processor.py", "bench/serve_metrics.py"),
+        sources=(
+            "router/policy.py",
+            "output_processor.py",
+            "bench/serve_metrics.py",
+            "stop_strings.py",
+            "server/limits.py",
+        ),
         header=(
-            '"""Chapter 09, Assembling the server: prefix routing, streaming, goodput.\n\n'
+            '"""Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop\n'
+            "strings.\n\n"
             "You write `CacheAware.choose`, the router's pick of a replica (the longest prefix\n"
             "it is expected to hold, unless that replica is too busy), then\n"
             "`SampleOutput.update`, the output processor's turn of new tokens into the text\n"
             "delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps\n"
-            "and the goodput of a run at an SLO. Plug your policy into the router with\n"
+            "and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a\n"
+            "stream of text at its first stop string, then `ServerLimits`, the server's\n"
+            "refusal of what a request can never get. Plug your policy into the router with\n"
             "`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into\n"
-            "the engine with `LLM(sample_output_cls=SampleOutput)`; feed your timings and\n"
-            "goodput the records of a load test (`run_load(...).records`).\n"
+            "the engine with `LLM(sample_output_cls=SampleOutput,\n"
+            "stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records\n"
+            "of a load test (`run_load(...).records`), and your limits into the server with\n"
+            "`build_server(llm, ServerConfig(...), limits_cls=ServerLimits)`.\n"
             '"""\n\n'
+            "from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher\n\n"
             "from collections.abc import Sequence\n"
             "from dataclasses import dataclass\n\n"
             "from minserve.bench.serve_metrics import RequestRecord\n"
@@ -302,7 +325,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.outputs import CompletionOutput\n"
             "from minserve.router.policy import Decision, _Turns\n"
             "from minserve.router.prefix_index import Key, PrefixIndex\n"
-            "from minserve.stop_strings import StopStringMatcher\n"
+            "from minserve.sampling_params import SamplingParams\n"
+            "from minserve.server.errors import APIError\n"
         ),
         checks="minserve.course.checks_ch09",
     ),

@@ -1,5 +1,6 @@
 """Checks for chapter 07 (tensor parallelism), run against any module that defines
-`ColumnParallelLinear`, `RowParallelLinear` and `parallelize_attention`: minserve's own,
+`ColumnParallelLinear`, `RowParallelLinear`, `parallelize_attention`, `vocab_block`,
+`VocabParallelEmbedding`, `ParallelLMHead`, `TPLayout` and `check_divisible`: minserve's own,
 the solutions, or a student's exercise file.
 
 The ranks run as threads of this process (`minserve.distributed.threads`), so a check
@@ -9,16 +10,20 @@ on paper: W = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]] maps 3 inputs to 4
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 import torch
+from hypothesis import Verbosity, given, settings
+from hypothesis import strategies as st
 
 from minserve.distributed import layers
 from minserve.distributed.layers import load_shard
-from minserve.distributed.layout import TPLayout
+from minserve.distributed.layout import TensorParallelError, TPLayout, check_divisible
 from minserve.distributed.threads import run_on_threads
+from minserve.distributed.vocab import vocab_block
 from minserve.model.llama import RotaryEmbedding, SelfAttention
 from minserve.model_config import ModelConfig
 
@@ -250,6 +255,166 @@ def check_tp4_replicated_kv_heads_equal_the_single_rank_block(impl: ModuleType) 
         _close(r["out"], dense, f"rank {rank}'s attention output at TP=4 (KV heads replicated)")
 
 
+# Exercise 7.4: the vocabulary over thread-ranks against the whole table.
+TABLE = torch.arange(10 * 3, dtype=torch.float32).view(10, 3) + 1  # [V 10, hidden 3]: row i
+IDS = torch.tensor([0, 3, 4, 9, 7, 4])  # [T 6]: ids of every rank's block, one repeated
+
+
+def check_vocab_blocks_match_minserves(impl: ModuleType) -> None:
+    """vocab_block over vocab 1..24 and 1..6 ranks: ceil-sized blocks, the last short or empty."""
+    assert list(impl.vocab_block(10, 2, 3)) == [8, 9], (
+        f"vocab 10 over 3 ranks, rank 2: expected range(8, 10), got {impl.vocab_block(10, 2, 3)}"
+    )
+    for vocab in range(1, 25):
+        for world in range(1, 7):
+            want = [vocab_block(vocab, r, world) for r in range(world)]
+            got = [impl.vocab_block(vocab, r, world) for r in range(world)]
+            assert got == want, f"vocab {vocab} over {world} ranks: expected {want}, got {got}"
+
+
+def _embedding(comm: Any, impl: ModuleType) -> Any:
+    embed = impl.VocabParallelEmbedding(TABLE.shape[0], TABLE.shape[1], comm, torch.float32)
+    return _load(embed, TABLE, None)
+
+
+def check_embedding_shard_is_the_block_zero_padded(impl: ModuleType) -> None:
+    """Vocab 10 over 3 ranks: blocks of 4 rows; rank 2 holds rows 8-9 and 2 zero rows."""
+    for world in (3, 4):
+        shards = run_on_threads(lambda comm: _embedding(comm, impl).weight.data, world)
+        per_rank = -(-TABLE.shape[0] // world)
+        for rank, got in enumerate(shards):
+            rows = TABLE[rank * per_rank : (rank + 1) * per_rank]
+            want = torch.cat([rows, torch.zeros(per_rank - len(rows), TABLE.shape[1])])
+            _same(got, want, f"rank {rank} of {world}'s block of the table [10, 3]")
+
+
+def check_embedding_lookup_is_the_whole_tables_rows_with_one_all_reduce(impl: ModuleType) -> None:
+    """Every rank returns TABLE[ids] for ids of all blocks (vocab 10 over 2, 3 and 4 ranks)."""
+
+    def lookup(comm: Any) -> tuple[torch.Tensor, int]:
+        counting = CountingComm(comm)
+        embed = _embedding(counting, impl)
+        return embed(IDS), counting.all_reduces
+
+    for world in (2, 3, 4):
+        for rank, (got, reduces) in enumerate(run_on_threads(lookup, world)):
+            _same(got, TABLE[IDS], f"rank {rank} of {world}: rows of ids {IDS.tolist()}")
+            assert reduces == 1, f"rank {rank} of {world}: expected 1 all-reduce, got {reduces}"
+
+
+def check_lm_head_gives_rank_0_the_whole_logits(impl: ModuleType) -> None:
+    """Tied LM head over 3 ranks: rank 0 gets hidden @ TABLE^T [2, 10], the others [2, 0]."""
+    hidden = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, -1.0]])  # [N 2, hidden 3]
+
+    def score(comm: Any) -> torch.Tensor:
+        embed = _embedding(comm, impl)
+        return impl.ParallelLMHead(embed, tied=True)(hidden)
+
+    for world in (1, 3, 4):
+        for rank, got in enumerate(run_on_threads(score, world)):
+            want = hidden @ TABLE.T if rank == 0 else torch.zeros(2, 0)
+            _same(got, want, f"rank {rank} of {world}'s logits")
+
+
+# Exercise 7.5: a rank's heads and features against minserve's layout.
+def _config(heads: int, kv_heads: int, inner: int, head_dim: int = 2) -> ModelConfig:
+    return replace(ATTN, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=inner,
+                   head_dim=head_dim, hidden_size=heads * head_dim)  # fmt: skip
+
+
+def _layout_of(layout: Any) -> dict[str, Any]:
+    local = layout.local_config()
+    return {
+        "q_heads": layout.q_heads, "kv_heads": layout.kv_heads,
+        "mlp_features": layout.mlp_features, "q_features": layout.q_features(),
+        "kv_features": layout.kv_features(),
+        "local (heads, kv heads, inner)": (
+            local.num_heads, local.num_kv_heads, local.intermediate_size
+        ),
+        "local hidden, vocab": (local.hidden_size, local.vocab_size),
+    }  # fmt: skip
+
+
+def _compare_layouts(impl: ModuleType, heads: int, kv_heads: int, inner: int, world: int) -> None:
+    config = _config(heads, kv_heads, inner)
+    case = f"{heads} query heads, {kv_heads} KV heads, MLP {inner}, over {world} ranks"
+    for rank in range(world):
+        want = _layout_of(TPLayout(config, rank, world))
+        got = _layout_of(impl.TPLayout(config, rank, world))
+        for key in want:
+            assert got[key] == want[key], (
+                f"{case}, rank {rank}: {key} expected {want[key]}, got {got[key]}"
+            )
+
+
+def check_layout_splits_heads_and_features_as_minserves(impl: ModuleType) -> None:
+    """Every rank's heads, features and local config equal minserve's (SmolLM2, random shapes)"""
+    _compare_layouts(impl, 9, 3, 1536, 3)  # an untouched stub stops here
+    _compare_layouts(impl, 4, 2, 8, 4)  # each KV head on 2 ranks
+
+    @settings(max_examples=200, deadline=None, database=None, derandomize=True,
+              verbosity=Verbosity.quiet, report_multiple_bugs=False)  # fmt: skip
+    @given(
+        st.sampled_from([1, 2, 3, 4, 6, 8]),  # world size
+        st.integers(1, 4),  # KV heads per rank, or ranks per KV head
+        st.booleans(),  # fewer KV heads than ranks
+        st.integers(1, 3),  # query heads per KV head
+        st.integers(1, 5),  # MLP features per rank
+    )
+    def random_shape(world: int, k: int, replicated: bool, group: int, inner: int) -> None:
+        kv_heads = max(1, world // k) if replicated and world % k == 0 else k * world
+        heads = kv_heads * group * (world // math.gcd(world, kv_heads * group))
+        _compare_layouts(impl, heads, kv_heads, inner * world, world)
+
+    random_shape()
+
+
+def check_each_ranks_query_heads_read_its_kv_heads(impl: ModuleType) -> None:
+    """The ranks' query heads cover every head once, and each reads a KV head its rank holds."""
+    for heads, kv_heads, world in ((9, 3, 3), (4, 2, 4), (8, 2, 8), (8, 4, 2), (6, 2, 6)):
+        config = _config(heads, kv_heads, 4 * world)
+        layouts = [impl.TPLayout(config, rank, world) for rank in range(world)]
+        covered = [h for layout in layouts for h in layout.q_heads]
+        assert covered == list(range(heads)), (
+            f"{heads} heads over {world} ranks: expected every head once, rank 0 first, "
+            f"got {covered}"
+        )
+        group = heads // kv_heads  # query heads per KV head
+        for rank, layout in enumerate(layouts):
+            needed = sorted({h // group for h in layout.q_heads})
+            assert set(needed) <= set(layout.kv_heads), (
+                f"{heads} heads, {kv_heads} KV heads over {world} ranks: rank {rank}'s query "
+                f"heads {list(layout.q_heads)} read KV heads {needed}, but it holds "
+                f"{list(layout.kv_heads)}"
+            )
+
+
+def check_shapes_that_do_not_split_are_refused(impl: ModuleType) -> None:
+    """check_divisible refuses what minserve refuses, naming the size that fails."""
+    cases = [(9, 3, 1536, 3), (9, 3, 1536, 2), (4, 2, 8, 4), (8, 4, 8, 8), (6, 6, 6, 4),
+             (6, 2, 6, 6), (6, 2, 9, 6), (4, 4, 10, 4), (4, 2, 8, 0), (12, 4, 12, 6)]  # fmt: skip
+    for heads, kv_heads, inner, world in cases:
+        config = _config(heads, kv_heads, inner)
+        case = f"{heads} query heads, {kv_heads} KV heads, MLP {inner}, over {world} ranks"
+        try:
+            check_divisible(config, world)
+            want = None
+        except TensorParallelError as error:
+            want = str(error)
+        try:
+            impl.check_divisible(config, world)
+            got = None
+        except TensorParallelError as error:
+            got = str(error)
+        assert (got is None) == (want is None), (
+            f"{case}: expected {'TensorParallelError: ' + want if want else 'no error'}, "
+            f"got {'TensorParallelError: ' + got if got else 'no error'}"
+        )
+        assert got is None or str(world) in got, (
+            f"{case}: the message should name tensor_parallel_size={world}, got {got!r}"
+        )
+
+
 CHECKS = [
     check_column_shard_keeps_this_ranks_output_rows,
     check_column_forward_gives_each_rank_its_output_slice,
@@ -263,6 +428,13 @@ CHECKS = [
     check_one_all_reduce_per_attention_block,
     check_tp2_attention_equals_the_single_rank_block,
     check_tp4_replicated_kv_heads_equal_the_single_rank_block,
+    check_vocab_blocks_match_minserves,
+    check_embedding_shard_is_the_block_zero_padded,
+    check_embedding_lookup_is_the_whole_tables_rows_with_one_all_reduce,
+    check_lm_head_gives_rank_0_the_whole_logits,
+    check_layout_splits_heads_and_features_as_minserves,
+    check_each_ranks_query_heads_read_its_kv_heads,
+    check_shapes_that_do_not_split_are_refused,
 ]
 
 HINTS: dict[str, tuple[str, str, str]] = {
@@ -300,3 +472,35 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "with `cols=` the query features.",
     ),
 }
+
+HINTS["7.4"] = (
+    "Split the vocabulary into contiguous blocks, one per rank, all padded to the same "
+    "size. A token's row lives on exactly one rank: the others contribute zeros, so an "
+    "all-reduce (a sum) gives every rank the row. The LM head scores each block locally "
+    "and only the sampling rank collects the pieces.",
+    "vocab_block: the block size is the ceiling of vocab / world_size; clamp both ends of "
+    "the range to the vocabulary. shard: slice the block, append zero rows up to "
+    "padded_rows. forward: shift the ids into the block, build a mask of the ones inside "
+    "it, look up clamped ids, zero the masked-out rows, all-reduce. LM head: a linear "
+    "with the local block, gather to rank 0, cut off the padding.",
+    "`math.ceil(vocab_size / world_size)` is the block size; `weight.new_zeros(...)` and "
+    "`torch.cat` pad; `input_ids - self.rows.start` are local ids, kept in range with "
+    "`.clamp(0, self.padded_rows - 1)` before `F.embedding`; `self.comm.gather(...)` "
+    "returns None off rank 0, where an empty `[N, 0]` slice of the local scores is the answer.",
+)
+HINTS["7.5"] = (
+    "Megatron splits attention by heads and the MLP by inner features, each rank a "
+    "contiguous share. Grouped-query attention adds a twist: a rank needs the KV heads "
+    "its query heads read, and when there are fewer KV heads than ranks, several ranks "
+    "hold copies of the same one.",
+    "q_heads and mlp_features: the rank's even share as a range. kv_heads: if KV heads "
+    "are replicated, the one head is the rank divided by the number of ranks per KV "
+    "head; else an even share. Features are heads times head_dim. local_config is the "
+    "config with the rank's counts in place of the whole model's. check_divisible: test "
+    "world_size >= 1, then heads, KV heads (either way round) and the MLP in turn.",
+    "The share is `self.config.num_heads // self.world_size` heads, starting at "
+    "`self.rank` times that; in the replicated case the ranks per KV head "
+    "are `self.world_size // cfg.num_kv_heads`; `dataclasses.replace(self.config, "
+    "num_heads=..., ...)` builds the local config; raise `TensorParallelError(...)` with "
+    "f-strings that show world_size.",
+)

@@ -1,5 +1,7 @@
-"""Checks for chapter 09 (the server), run against any module that defines `CacheAware` and
-`SampleOutput`: minserve's own, the solutions, or a student's exercise file.
+"""Checks for chapter 09 (the server), run against any module that defines `CacheAware`,
+`SampleOutput`, the timing and goodput functions, `StopStringMatcher` and `ServerLimits`:
+minserve's own,
+the solutions, or a student's exercise file.
 
 Routing checks use chunks of 4 token ids, so a prompt of 12 ids is 3 chunks and a replica
 that was sent it is expected to hold all 12; prompts that share their first 8 ids share 2
@@ -29,7 +31,10 @@ from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import CompletionOutput
 from minserve.router.prefix_index import PrefixIndex
-from minserve.stop_strings import StopStringMatcher
+from minserve.sampling_params import SamplingParams
+from minserve.server.errors import APIError
+from minserve.server.limits import ServerLimits
+from minserve.stop_strings import StopStringMatcher, first_stop, partial_stop_length
 
 CHUNK = 4
 PROMPT = tuple(range(100, 112))  # 3 chunks of 4
@@ -399,6 +404,169 @@ def check_goodput_matches_minserve_on_random_runs(impl: ModuleType) -> None:
     agrees()
 
 
+# Exercise 9.5: stop strings on paper, then random texts, stop strings and splits.
+def _stream(matcher: Any, deltas: list[str], flush: bool) -> list[tuple[str, str | None]]:
+    """What a matcher returns for each delta until a stop string matches, then its flush."""
+    out = []
+    for delta in deltas:
+        out.append(matcher.feed(delta))
+        if out[-1][1] is not None:
+            return out
+    return out + [(matcher.flush(), None)] if flush else out
+
+
+def check_first_stop_is_the_one_completed_first(impl: ModuleType) -> None:
+    """In "the end. stop", "end" ends first; in "xab", "ab" beats "b" (same end, longer)."""
+    cases = [("the end. stop", ["stop", "end"]), ("xab", ["b", "ab"]), ("xabcd", ["bcd", "abc"]),
+             ("no match here", ["stop"]), ("aaa", ["aa", "a"]), ("", ["x"])]  # fmt: skip
+    for text, stops in cases:
+        want, got = first_stop(text, stops), impl.first_stop(text, stops)
+        assert got == want, f"first_stop({text!r}, {stops!r}): expected {want}, got {got}"
+
+
+def check_partial_stop_length_is_the_longest_tail_that_can_grow(impl: ModuleType) -> None:
+    """A tail "</an" could become "</answer>": hold 4; a whole stop string or no prefix: 0"""
+    cases = [("The </an", ["</answer>"]), ("abc", ["abc"]), ("xx<", ["<<a"]), ("x<<", ["<<a"]),
+             ("hello", ["stop", "lo!", "o?"]), ("", ["stop"]), ("ab", ["b", "bc"]),
+             ("aaaa", ["aaab"])]  # fmt: skip
+    for text, stops in cases:
+        want, got = partial_stop_length(text, stops), impl.partial_stop_length(text, stops)
+        assert got == want, f"partial_stop_length({text!r}, {stops!r}): expected {want}, got {got}"
+
+
+def check_a_stop_string_across_two_deltas_is_cut(impl: ModuleType) -> None:
+    """Across deltas "The </ans" + "wer> more": "The ", then "" (or the stop string) and it"""
+    for include in (False, True):
+        want = _stream(StopStringMatcher(["</answer>"], include), ["The </ans", "wer> more"], False)
+        got = _stream(impl.StopStringMatcher(["</answer>"], include), ["The </ans", "wer> more"],
+                      False)  # fmt: skip
+        assert got == want, (
+            f"deltas ['The </ans', 'wer> more'], stop '</answer>', include_stop_str_in_output="
+            f"{include}: expected {want}, got {got}"
+        )
+
+
+def check_flush_releases_the_held_tail_and_a_match_ends_the_text(impl: ModuleType) -> None:
+    """Text "a </an" ends without a stop: flush gives "</an"; feeding after a match raises."""
+    matcher = impl.StopStringMatcher(["</answer>"])
+    got = [matcher.feed("a </an"), matcher.flush(), matcher.flush()]
+    want = [("a ", None), "</an", ""]
+    assert got == want, f"feed('a </an'), flush(), flush(): expected {want}, got {got}"
+    matcher = impl.StopStringMatcher(["x"])
+    matcher.feed("ax")
+    try:
+        matcher.feed("more")
+    except RuntimeError:
+        return
+    raise AssertionError("feed after the stop string 'x' matched: expected a RuntimeError")
+
+
+def _stream_case(impl: ModuleType, text: str, cuts: list[int], stops: list[str], include: bool,
+                 flush: bool) -> None:  # fmt: skip
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    deltas = [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]
+    want = _stream(StopStringMatcher(stops, include), deltas, flush)
+    got = _stream(impl.StopStringMatcher(stops, include), deltas, flush)
+    assert got == want, (
+        f"deltas {deltas!r}, stop strings {stops!r}, include_stop_str_in_output={include}, "
+        f"flush at the end: {flush}: expected (text, stop) per call {want}, got {got}"
+    )
+
+
+def check_random_streams_match_minserves_matcher(impl: ModuleType) -> None:
+    """Random texts, stop strings and splits into deltas: the same output call by call."""
+    _stream_case(impl, "ab<ab>", [2, 3], ["<ab>", "b<"], False, True)  # a stub stops here
+
+    @_PROPERTY
+    @given(
+        text=st.text("ab<>", max_size=14),
+        cuts=st.lists(st.integers(0, 14), max_size=6),
+        stops=st.lists(st.text("ab<>", min_size=1, max_size=4), min_size=1, max_size=3),
+        include=st.booleans(),
+        flush=st.booleans(),
+    )
+    def agrees(text: str, cuts: list[int], stops: list[str], include: bool, flush: bool) -> None:
+        _stream_case(impl, text, cuts, stops, include, flush)
+
+    agrees()
+
+
+# Exercise 9.6: a server with max_model_len 100, 4 sequences, 10 requests, vocabulary 50.
+LIMITS = ServerLimits(max_model_len=100, max_num_seqs=4, capacity=10, vocab_size=50)
+
+
+def _refusal(limits: Any, lengths: list[int], params: SamplingParams, given: bool) -> tuple:
+    """(status, param, code, message) of the APIError `check` raises, or None."""
+    try:
+        limits.check(lengths, params, "max_tokens", given)
+    except APIError as error:
+        return error.status, error.param, error.code, error.message
+    return None
+
+
+def _refused_as_minserve(impl: ModuleType, lengths: list[int], params: SamplingParams,
+                         given: bool, numbers: tuple[int, ...] = ()) -> None:  # fmt: skip
+    """The student's check refuses exactly what minserve's does, with its status, param and
+    code, and a message naming `numbers` (and every number minserve's message names)."""
+    yours = impl.ServerLimits(100, 4, 10, 50)
+    want, got = _refusal(LIMITS, lengths, params, given), _refusal(yours, lengths, params, given)
+    case = (
+        f"max_model_len 100, max_num_seqs 4, capacity 10, vocab 50; prompts of {lengths} "
+        f"tokens, n={params.n}, max_tokens={params.max_tokens} (given: {given}), "
+        f"stop_token_ids={params.stop_token_ids}"
+    )
+    if want is None or got is None:
+        assert got == want, f"{case}: expected {want or 'no refusal'}, got {got or 'no refusal'}"
+        return
+    assert got[:3] == want[:3], (
+        f"{case}: expected APIError status {want[0]}, param {want[1]!r}, code {want[2]!r} "
+        f"({want[3]!r}); got status {got[0]}, param {got[1]!r}, code {got[2]!r} ({got[3]!r})"
+    )
+    for number in numbers:
+        assert str(number) in got[3], f"{case}: the message should say {number}; got {got[3]!r}"
+
+
+def check_a_prompt_and_max_tokens_past_the_context_are_refused(impl: ModuleType) -> None:
+    """60 + 50 > 100: a 400 "context_length_exceeded" on max_tokens naming 60, 50, 100, 40."""
+    _refused_as_minserve(impl, [60], SamplingParams(max_tokens=50), True, (60, 50, 100, 40))
+    _refused_as_minserve(impl, [60, 90], SamplingParams(max_tokens=5), True, (90, 5, 100, 10))
+    _refused_as_minserve(impl, [60], SamplingParams(max_tokens=40), True)  # exactly fits
+    _refused_as_minserve(impl, [60], SamplingParams(max_tokens=50), False)  # a default: no
+    _refused_as_minserve(impl, [100], SamplingParams(max_tokens=5), True)  # the engine's
+
+
+def check_too_many_samples_prompts_or_a_bad_stop_token_are_refused(impl: ModuleType) -> None:
+    """n 5 > 4 sequences, 11 prompts > 10 requests, stop token 50 >= vocabulary 50: each a 400."""
+    sampled = SamplingParams(n=5, temperature=1.0, max_tokens=5)
+    _refused_as_minserve(impl, [3], sampled, True, (5, 4))
+    _refused_as_minserve(impl, [3] * 11, SamplingParams(max_tokens=5), True, (11, 10))
+    stops = SamplingParams(max_tokens=5, stop_token_ids=[7, 50, 99])
+    _refused_as_minserve(impl, [3], stops, True, (50, 99))
+    _refused_as_minserve(impl, [3], SamplingParams(max_tokens=5, stop_token_ids=[50]), True)
+    fine = SamplingParams(n=4, temperature=1.0, max_tokens=5, stop_token_ids=[49])
+    _refused_as_minserve(impl, [3] * 10, fine, True)
+
+
+def check_random_requests_are_refused_as_minserves_limits_refuse_them(impl: ModuleType) -> None:
+    """Random prompts, n, max_tokens and stop ids: the same refusals, in the same order."""
+    _refused_as_minserve(impl, [60], SamplingParams(max_tokens=50), True)  # a stub stops here
+
+    @_PROPERTY
+    @given(
+        lengths=st.lists(st.integers(1, 120), min_size=1, max_size=12),
+        n=st.integers(1, 6),
+        max_tokens=st.integers(1, 120),
+        given_=st.booleans(),
+        stop_ids=st.lists(st.integers(0, 60), max_size=3),
+    )
+    def agrees(lengths: list[int], n: int, max_tokens: int, given_: bool, stop_ids: list[int]):
+        params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens,
+                                stop_token_ids=stop_ids)  # fmt: skip
+        _refused_as_minserve(impl, lengths, params, given_)
+
+    agrees()
+
+
 CHECKS = [
     check_an_unknown_prompt_goes_to_the_least_loaded,
     check_no_key_goes_to_the_least_loaded,
@@ -423,6 +591,14 @@ CHECKS = [
     check_goodput_on_paper,
     check_goodput_with_an_e2e_slo_and_one_token_requests,
     check_goodput_matches_minserve_on_random_runs,
+    check_first_stop_is_the_one_completed_first,
+    check_partial_stop_length_is_the_longest_tail_that_can_grow,
+    check_a_stop_string_across_two_deltas_is_cut,
+    check_flush_releases_the_held_tail_and_a_match_ends_the_text,
+    check_random_streams_match_minserves_matcher,
+    check_a_prompt_and_max_tokens_past_the_context_are_refused,
+    check_too_many_samples_prompts_or_a_bad_stop_token_are_refused,
+    check_random_requests_are_refused_as_minserves_limits_refuse_them,
 ]
 
 
@@ -470,4 +646,38 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "then all(value <= limit ...) over slos.items(); the goodput is a sum over the "
         "records of (succeeded and met them), divided by duration_s.",
     ),
+}
+
+HINTS["9.5"] = (
+    "A stop string can straddle deltas, so the matcher must never show text that might "
+    "still become part of one: it holds back the longest tail that is the start of some "
+    "stop string, and decides when more text arrives. Which string wins is decided as if "
+    "text came one character at a time: the one that is complete soonest.",
+    "first_stop: for each stop string, find its first occurrence; keep the one with the "
+    "smallest end, ties to the earliest start. partial_stop_length: try tails from the "
+    "longest possible (shorter than the longest stop string, no longer than the text) "
+    "down to 1; the first one that begins a stop string wins. feed: join the held text "
+    "and the delta, look for a full match, else hold the partial tail back. flush: hand "
+    "over the held text and forget it.",
+    "`text.find(s)` gives a start or -1; `min` over (end, start, s) tuples breaks ties for "
+    "you; `s.startswith(tail)` tests a tail; in feed, `text[:start]` (or through "
+    "`start + len(...)` with include_stop_str_in_output) is the shown text once a stop "
+    "string matched; otherwise the last `keep` characters go into `self._held`.",
+)
+HINTS["9.6"] = (
+    "A 503 means busy, try later; a request that could never run deserves a 400 now, "
+    "with the numbers that rule it out, so a client can fix it instead of retrying "
+    "forever. Each bound is one comparison against a number the engine was built with.",
+    "check runs the four tests in order: the batch size against capacity, n against "
+    "max_num_seqs, the stop token ids against vocab_size, and, only when the client set "
+    "max_tokens, the longest prompt plus max_tokens against max_model_len. Each of the four "
+    "raises an APIError with status 400, the parameter at fault and the code, or returns.",
+    "`len(prompt_lengths)` is the batch; `max(prompt_lengths)` the prompt that decides the "
+    "context; the room left is `self.max_model_len - prompt_len`; a prompt already at or "
+    'past max_model_len returns early; `APIError(400, f"...", param=..., code=...)` '
+    "carries the refusal.",
+)
+
+PROGRESS: dict[str, str] = {
+    "9.5": "partial_stop_length: each pass must try a shorter tail of the text, down to length 1",
 }

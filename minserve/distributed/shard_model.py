@@ -39,11 +39,14 @@ def build_shard(
     """This rank's decoder: parallel layers holding only their slices of the weights.
 
     `linear` is the module defining `ColumnParallelLinear` and `RowParallelLinear`, and
-    optionally `parallelize_attention` (minserve's own, below, when it has none). Chapter
-    07: pass your `exercises.ch07_parallel_linear`, which defines all three.
+    optionally `parallelize_attention`, `VocabParallelEmbedding`, `ParallelLMHead` and
+    `TPLayout` (minserve's own when it has none). Chapter 07: pass your
+    `exercises.ch07_parallel_linear`, which defines them all.
     """
     attention = getattr(linear, "parallelize_attention", parallelize_attention)
-    layout = TPLayout(source.config, comm.rank, comm.world_size)
+    embedding_cls = getattr(linear, "VocabParallelEmbedding", VocabParallelEmbedding)
+    head_cls = getattr(linear, "ParallelLMHead", ParallelLMHead)
+    layout = getattr(linear, "TPLayout", TPLayout)(source.config, comm.rank, comm.world_size)
     config = layout.local_config()
     with torch.device("meta"):
         net = CausalLM(config)
@@ -51,8 +54,8 @@ def build_shard(
         attention(layer.self_attn, layout, comm, dtype, linear)
         _parallelize_mlp(layer.mlp, layout, comm, dtype, linear)
     hidden = config.hidden_size
-    net.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden, comm, dtype)
-    net.lm_head = ParallelLMHead(net.model.embed_tokens, tied=config.tie_word_embeddings)
+    net.model.embed_tokens = embedding_cls(config.vocab_size, hidden, comm, dtype)
+    net.lm_head = head_cls(net.model.embed_tokens, tied=config.tie_word_embeddings)
     _load(net, source, device, dtype)
     net.rope = RotaryEmbedding(config).to(device)  # computed, not loaded
     return net.eval()

@@ -50,13 +50,23 @@ class Server:
         self.engine.shutdown()
 
 
-def build_server(llm: LLM, config: ServerConfig, max_queued: int = 256) -> Server:
-    """Wrap an `LLM`'s paged engine (model loaded, KV pool allocated) in the HTTP app."""
+def build_server(
+    llm: LLM, config: ServerConfig, max_queued: int = 256, limits_cls: type = ServerLimits
+) -> Server:
+    """Wrap an `LLM`'s paged engine (model loaded, KV pool allocated) in the HTTP app.
+
+    `limits_cls` refuses what a request can never get, as `ServerLimits` (chapter 09)."""
     if llm.engine is None:
         raise ValueError("the server needs the paged engine; this LLM runs engine='reference'")
+    missing = [m for m in ("check", "check_batch") if not callable(getattr(limits_cls, m, None))]
+    if not isinstance(limits_cls, type) or missing:
+        raise TypeError(
+            f"limits_cls must be a class with check and check_batch, like ServerLimits; "
+            f"got {limits_cls!r}"
+        )
     _check_policy(llm.engine.scheduler_config.scheduling_policy, config)
     engine = AsyncEngine(llm.engine, ServerMetrics(), max_queued)
-    return Server(create_app(engine, llm, config), engine, config)
+    return Server(create_app(engine, llm, config, limits_cls), engine, config)
 
 
 def build_disaggregated_server(
@@ -77,11 +87,14 @@ def _check_policy(engine_policy: str, config: ServerConfig) -> None:
 
 
 def create_app(
-    engine: AsyncEngine, llm: LLM | DisaggregatedEngine, config: ServerConfig
+    engine: AsyncEngine,
+    llm: LLM | DisaggregatedEngine,
+    config: ServerConfig,
+    limits_cls: type = ServerLimits,
 ) -> FastAPI:
     app = FastAPI(title="minserve", summary="An OpenAI-compatible server over minserve's engine")
     install_error_handlers(app)
-    limits = ServerLimits(llm.max_model_len, engine.engine.scheduler_config.max_num_seqs,
+    limits = limits_cls(llm.max_model_len, engine.engine.scheduler_config.max_num_seqs,
                           engine.capacity, llm.vocab_size)  # fmt: skip
     keyed = config.api_key is not None
     install_openapi(app, limits, config.scheduling_policy == "priority", keyed)
