@@ -42,6 +42,9 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "silu_mul_bf16": (None, [_ptr] * 2 + [_i64] * 4),
     "linear_rows_f32": (None, [_ptr] * 4 + [_i64] * 3),
     "linear_rows_bf16": (None, [_ptr] * 4 + [_i64] * 3),
+    "quant_rows_q8_0": (None, [_ptr] * 3 + [_i64] * 3),
+    "quant_rows_q4_0": (None, [_ptr] * 3 + [_i64] * 3),
+    "quant_rows_q4_1": (None, [_ptr] * 3 + [_i64] * 3),
     "bf16_logits_f32": (None, [_ptr] * 3 + [_i64] * 3),
     "screen_candidates_f32": (None, [_ptr] * 6 + [_i64] * 2),
 }

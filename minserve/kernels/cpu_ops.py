@@ -114,6 +114,29 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out.to(x.dtype)
 
 
+QUANT_BLOCK = 32  # weights per GGUF block
+QUANT_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # the block formats `quant_rows.c` reads
+
+
+def quant_rows(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tensor:
+    """A few rows through a GGUF-quantized linear layer, read as stored: x [N, in] fp32,
+    blocks uint8 [out, in / 32 * block bytes] (each weight row's blocks, as in the file) ->
+    [N, out] fp32, the sums of the dequantized weights (`quant_rows.c`)."""
+    out_features, row_bytes = blocks.shape
+    in_features = row_bytes // QUANT_BLOCK_BYTES[quant] * QUANT_BLOCK
+    if x.shape[-1] != in_features or blocks.dtype != torch.uint8:
+        raise ValueError(
+            f"{quant} blocks of {tuple(blocks.shape)} ({blocks.dtype}) hold rows of "
+            f"{in_features} weights; x has {x.shape[-1]} features"
+        )
+    x = x.to(torch.float32).contiguous()
+    out = torch.empty((x.shape[0], out_features), dtype=torch.float32)
+    kernel = getattr(cpu_kernels(), f"quant_rows_{quant.lower()}")
+    kernel(out.data_ptr(), x.data_ptr(), blocks.contiguous().data_ptr(),
+           x.shape[0], out_features, in_features)  # fmt: skip
+    return out
+
+
 def bf16_logits(bits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x [B, hidden] fp32 against a bfloat16 head (its raw bits, int16 [vocab, hidden]) ->
     fp32 logits [B, vocab], summed in fp32 (`bf16_head.c`)."""

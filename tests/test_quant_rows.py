@@ -1,0 +1,79 @@
+"""The quantized few-row kernel (`kernels/quant_rows.c`) against the `gguf` package's own
+dequantization: Q8_0, Q4_0 and Q4_1 blocks, random and from the bundled model, every
+remainder of the rows of x it handles (groups of four, then 3, 2, 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from minserve.kernels import cpu_ops
+from minserve.kernels.build import cpu_kernels
+from minserve.model.default_model import default_model_path
+from minserve.model.gguf_loader import open_gguf
+
+pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="the C kernels could not be built")
+GEN = torch.Generator().manual_seed(0)
+QUANTS = ("Q8_0", "Q4_0", "Q4_1")
+
+
+def quantized(values: np.ndarray, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """values fp32 [out, in] -> (blocks uint8 [out, row bytes], their dequantized fp32)."""
+    qtype = GGMLQuantizationType[quant]
+    blocks = quantize(values, qtype)
+    exact = dequantize(blocks, qtype).reshape(values.shape).astype(np.float32)
+    return torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(exact)
+
+
+def assert_dequantized_sums(x: torch.Tensor, blocks: torch.Tensor, weights: torch.Tensor,
+                            quant: str) -> None:  # fmt: skip
+    got = cpu_ops.quant_rows(x, blocks, quant)
+    want = F.linear(x.double(), weights.double())  # the exact sums of the same weights
+    scale = x.double().abs() @ weights.double().abs().T  # what fp32 rounding is relative to
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert ((got.double() - want).abs() <= 1e-5 * scale + 1e-6).all(), quant
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 12])
+@pytest.mark.parametrize(("out_features", "in_features"), [(64, 576), (5, 32), (130, 96)])
+def test_the_kernel_sums_the_packages_dequantized_weights(
+    quant: str, rows: int, out_features: int, in_features: int
+) -> None:
+    values = torch.randn(out_features, in_features, generator=GEN).numpy() * 0.05
+    blocks, weights = quantized(values, quant)
+    x = torch.randn(rows, in_features, generator=GEN)
+    assert_dequantized_sums(x, blocks, weights, quant)
+
+
+def test_offsets_negative_scales_and_tiny_halves_are_read_as_the_package_reads_them() -> None:
+    # Q4_1's offset is the block's minimum; a block of equal values has scale 0; values of
+    # 1e-6 give subnormal fp16 scales
+    values = np.stack([np.full(64, 3.0), np.linspace(-1e-6, 1e-6, 64), np.linspace(5, 9, 64)])
+    x = torch.randn(3, 64, generator=GEN)
+    for quant in QUANTS:
+        blocks, weights = quantized(values.astype(np.float32), quant)
+        assert_dequantized_sums(x, blocks, weights, quant)
+
+
+def test_the_bundled_models_own_blocks() -> None:
+    reader = open_gguf(default_model_path())
+    tensors = {t.name: t for t in reader.tensors}
+    x = torch.randn(5, 576, generator=GEN)
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "token_embd.weight"):
+        tensor = tensors[name]
+        quant = GGMLQuantizationType(tensor.tensor_type).name
+        blocks = torch.from_numpy(np.array(tensor.data))  # [out, row bytes] as stored
+        weights = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
+        weights = torch.from_numpy(weights.reshape(blocks.shape[0], -1).astype(np.float32))
+        assert_dequantized_sums(x, blocks, weights, quant)
+
+
+def test_a_mismatched_width_is_refused_with_both_numbers() -> None:
+    blocks, _ = quantized(np.zeros((4, 64), dtype=np.float32), "Q4_1")
+    with pytest.raises(ValueError, match="rows of 64 weights; x has 96 features"):
+        cpu_ops.quant_rows(torch.zeros(1, 96), blocks, "Q4_1")
