@@ -307,6 +307,21 @@ def test_report_for_untouched_exercises_says_not_implemented_yet():
     assert "Hint: next is Exercise 0.1: RMSNorm, in exercises/ch00_model.py" in report
 
 
+def test_a_brief_report_gives_the_count_and_the_next_step_without_a_line_per_check(tmp_path):
+    full, brief = io.StringIO(), io.StringIO()
+    root = _student_root(tmp_path, WRONG_TOP_K)
+    assert (
+        run_check("00", stream=full, root=root)
+        == run_check("00", stream=brief, root=root, brief=True)
+        == 1
+    )
+    checks = len(get_chapter("00").load_checks())
+    assert full.getvalue().count("\n  ✓ ") + full.getvalue().count("\n  ✗ ") > 0
+    assert "✓" not in brief.getvalue() and "○" not in brief.getvalue()
+    summary = full.getvalue()[full.getvalue().index("\nFirst failure:") :]
+    assert brief.getvalue().endswith(summary) and f"/{checks} checks passed." in summary
+
+
 WRONG_TOP_K = """\
 import torch
 

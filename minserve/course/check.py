@@ -365,11 +365,14 @@ def run_check(
     stream: TextIO | None = None,
     root: Path | None = None,
     time_limit: float | None = DEFAULT_TIME_LIMIT,
+    brief: bool = False,
 ) -> int:
     """Check one chapter and print the report to `stream`; 0 if every check passes, else 1.
 
     `stream` defaults to stdout; `root` is the folder holding `exercises/` and `solutions/`
-    (default: the current directory); `time_limit` is in seconds per check (None: none).
+    (default: the current directory); `time_limit` is in seconds per check (None: none);
+    `brief` leaves out the line per check (a notebook's second check of a chapter prints
+    the count, the first failure and what to do next, not the whole list again).
     """
     stream = stream or sys.stdout
     try:
@@ -381,13 +384,13 @@ def run_check(
     command = f"minserve check {chapter.number}"
     command += "" if impl == "exercises" else f" --impl {impl}"
     print(f"Chapter {chapter.number}: {chapter.title}", file=stream)
-    print(f"checking {implementation.label}\n", file=stream)
-    results = run_chapter(
-        chapter,
-        implementation,
-        time_limit,
-        lambda result: print(_result_line(result), file=stream, flush=True),
-    )
+    print(f"checking {implementation.label}" + ("" if brief else "\n"), file=stream)
+
+    def report(result: CheckResult) -> None:
+        if not brief:
+            print(_result_line(result), file=stream, flush=True)
+
+    results = run_chapter(chapter, implementation, time_limit, report)
     print(_summary(results, implementation, command), file=stream)
     return 0 if all(r.outcome == "passed" for r in results) else 1
 
