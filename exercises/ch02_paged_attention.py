@@ -1,17 +1,19 @@
 # Your workspace for chapter 02 (Paged attention): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 02` from the repository root.
-# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py by `python -m minserve.course.generate`.
-# stub fingerprint: bd4b88f76a1d (lets the generator tell your edits from a stale stub)
-"""Chapter 02, Paged attention: four Triton kernels, each built on the one before.
+# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py by `python -m minserve.course.generate`.
+# stub fingerprint: 50fc459a995b (lets the generator tell your edits from a stale stub)
+"""Chapter 02, Paged attention: the Triton kernels of the engine's attention.
 
 2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over
 a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax
-tile after tile; 2.4 merges the splits of flash-decoding. Launch them with
-`gather_kv`, `tile_attention` and `paged_decode(..., kernel=, combine_kernel=)`;
-run the engine on 2.3 and 2.4 with `LLM(attention_backend="triton",
-decode_kernels=DecodeKernels.from_module(module))`. On a CPU they run in Triton's
-interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).
+tile after tile; 2.4 merges the splits of flash-decoding; 2.5 stores a step's new
+keys and values in the pool by slot. Launch them with `gather_kv`,
+`tile_attention`, `paged_decode(..., kernel=, combine_kernel=)` and
+`paged_store(..., kernel=)`; run the engine on 2.3-2.5 with
+`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(module))`.
+On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by
+minserve.attention.triton_env).
 """
 
 import triton
@@ -20,6 +22,7 @@ import triton.language as tl
 from minserve.attention import triton_env  # noqa: F401  (before any @triton.jit)
 from minserve.attention.triton_decode import DecodeKernels  # noqa: F401
 from minserve.attention.triton_decode import paged_decode  # noqa: F401
+from minserve.attention.triton_store import paged_store  # noqa: F401
 from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401
 
 
@@ -188,3 +191,35 @@ def combine_splits_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=dims < head_dim,
     )
+
+
+# Exercise 2.5: store the step's keys and values by slot
+@triton.jit
+def paged_store_kernel(
+    k_ptr,  # [T, Hkv, D]: the step's new keys
+    v_ptr,  # [T, Hkv, D]
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_cache_ptr,  # the same strides as k_cache
+    slot_mapping_ptr,  # [T] int64
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_cb, stride_cs, stride_ch, stride_cd,
+    block_size,
+    num_kv_heads,
+    head_dim,
+    BLOCK_H: tl.constexpr,  # num_kv_heads padded to a power of two
+    BLOCK_D: tl.constexpr,  # head_dim padded to a power of two
+):  # fmt: skip
+    """Copy token `program_id(0)`'s K and V rows [Hkv, D] to its slot of both caches.
+
+    Read the token's slot from `slot_mapping`; a negative slot is padding: store nothing
+    (mask every load and store with it, never branch). Slot s is offset s % block_size of
+    block s // block_size; do the slot arithmetic in int64 (a large pool overflows int32).
+    Mask the heads and dims past `num_kv_heads` and `head_dim` (BLOCK_H and BLOCK_D are
+    padded to powers of two), follow every tensor's own strides (k and v may be views
+    into a wider qkv tensor) and convert to the cache's dtype before storing.
+    """
+    token = tl.program_id(0)
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    dims = tl.arange(0, BLOCK_D)[None, :]
+    raise NotImplementedError("Exercise 2.5: store the step's keys and values by slot")

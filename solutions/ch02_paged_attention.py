@@ -1,14 +1,16 @@
-# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py by `python -m minserve.course.generate`;
+# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 02, Paged attention: four Triton kernels, each built on the one before.
+"""Chapter 02, Paged attention: the Triton kernels of the engine's attention.
 
 2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over
 a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax
-tile after tile; 2.4 merges the splits of flash-decoding. Launch them with
-`gather_kv`, `tile_attention` and `paged_decode(..., kernel=, combine_kernel=)`;
-run the engine on 2.3 and 2.4 with `LLM(attention_backend="triton",
-decode_kernels=DecodeKernels.from_module(module))`. On a CPU they run in Triton's
-interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).
+tile after tile; 2.4 merges the splits of flash-decoding; 2.5 stores a step's new
+keys and values in the pool by slot. Launch them with `gather_kv`,
+`tile_attention`, `paged_decode(..., kernel=, combine_kernel=)` and
+`paged_store(..., kernel=)`; run the engine on 2.3-2.5 with
+`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(module))`.
+On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by
+minserve.attention.triton_env).
 """
 
 import triton
@@ -17,6 +19,7 @@ import triton.language as tl
 from minserve.attention import triton_env  # noqa: F401  (before any @triton.jit)
 from minserve.attention.triton_decode import DecodeKernels  # noqa: F401
 from minserve.attention.triton_decode import paged_decode  # noqa: F401
+from minserve.attention.triton_store import paged_store  # noqa: F401
 from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401
 
 
@@ -235,3 +238,42 @@ def combine_splits_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=dims < head_dim,
     )
+
+
+# Exercise 2.5: store the step's keys and values by slot
+@triton.jit
+def paged_store_kernel(
+    k_ptr,  # [T, Hkv, D]: the step's new keys
+    v_ptr,  # [T, Hkv, D]
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_cache_ptr,  # the same strides as k_cache
+    slot_mapping_ptr,  # [T] int64
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_cb, stride_cs, stride_ch, stride_cd,
+    block_size,
+    num_kv_heads,
+    head_dim,
+    BLOCK_H: tl.constexpr,  # num_kv_heads padded to a power of two
+    BLOCK_D: tl.constexpr,  # head_dim padded to a power of two
+):  # fmt: skip
+    """Copy token `program_id(0)`'s K and V rows [Hkv, D] to its slot of both caches.
+
+    Read the token's slot from `slot_mapping`; a negative slot is padding: store nothing
+    (mask every load and store with it, never branch). Slot s is offset s % block_size of
+    block s // block_size; do the slot arithmetic in int64 (a large pool overflows int32).
+    Mask the heads and dims past `num_kv_heads` and `head_dim` (BLOCK_H and BLOCK_D are
+    padded to powers of two), follow every tensor's own strides (k and v may be views
+    into a wider qkv tensor) and convert to the cache's dtype before storing.
+    """
+    token = tl.program_id(0)
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    dims = tl.arange(0, BLOCK_D)[None, :]
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    mask = (heads < num_kv_heads) & (dims < head_dim) & (slot >= 0)  # [BLOCK_H, BLOCK_D]
+    dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_cs
+    dst += heads * stride_ch + dims * stride_cd
+    k = tl.load(k_ptr + token * stride_kt + heads * stride_kh + dims * stride_kd, mask=mask)
+    v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims * stride_vd, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)

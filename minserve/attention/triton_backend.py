@@ -81,7 +81,9 @@ class TritonPagedAttention:
     ) -> torch.Tensor:
         self.metadata.check_num_tokens(q.shape[0])
         k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
-        paged_store(k_cache, v_cache, k, v, self.metadata.slot_mapping)
+        paged_store(
+            k_cache, v_cache, k, v, self.metadata.slot_mapping, kernel=self.decode_kernels.store
+        )
         out = q.new_empty(q.shape)  # [T, Hq, D]
         if self.decodes is not None:
             d = self.decodes

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a CPU)
+from minserve.attention.triton_store import paged_store_kernel
 
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism
 
@@ -170,16 +171,20 @@ def combine_splits_kernel(
 
 @dataclass(frozen=True)
 class DecodeKernels:
-    """The two kernels `paged_decode` launches; chapter 02's exercises can replace either
+    """The kernels of a decode step: the two `paged_decode` launches and the store of the
+    step's k/v (`paged_store`); chapter 02's exercises can replace any of them
     (`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(m))`)."""
 
     decode: triton.JITFunction = paged_decode_kernel
     combine: triton.JITFunction = combine_splits_kernel
+    store: triton.JITFunction = paged_store_kernel
 
     @classmethod
     def from_module(cls, module: ModuleType) -> DecodeKernels:
-        """The module's `paged_decode_kernel` and `combine_splits_kernel`."""
-        return cls(module.paged_decode_kernel, module.combine_splits_kernel)
+        """The module's `paged_decode_kernel`, `combine_splits_kernel` and `paged_store_kernel`."""
+        return cls(
+            module.paged_decode_kernel, module.combine_splits_kernel, module.paged_store_kernel
+        )
 
 
 def choose_num_splits(
