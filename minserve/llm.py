@@ -56,8 +56,8 @@ class LLM:
     turns on speculative decoding (docs/speculative.md). scheduling_policy is a name
     ("fcfs", "priority", "lpm") or a class built from the KV cache manager whose instances
     are sort keys (chapter 05: `LLM(scheduling_policy=LongestPrefixMatch)`). decode_kernels
-    (with attention_backend="triton") replaces the Triton decode and store kernels, as
-    chapter 02 does with a student's (docs/course.md). How it runs on this machine (device,
+    (with attention_backend="triton") replaces the Triton decode, store and prefill kernels,
+    as chapter 02 does with a student's (docs/course.md). How it runs on this machine (device,
     dtype, attention backend, C kernels) is logged once at info level and returned by
     `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
     model_ops=ModelOps.from_module(module) runs the model on that module's `rms_norm`,

@@ -234,7 +234,8 @@ def test_engine_runs_the_decode_kernels_it_is_given(tiny_model) -> None:
 
 
 def test_engine_on_chapter_02_solutions_gives_the_torch_backends_tokens(tiny_model) -> None:
-    """Chapter 02's solution kernels (decode, combine, store) drive the engine: same tokens."""
+    """Chapter 02's solution kernels (decode, combine, store, prefill) drive the engine: the
+    torch backend's tokens, through chunked prefill (a budget of 4 tokens)."""
     import solutions.ch02_paged_attention as ch02
 
     stores = []
@@ -246,13 +247,14 @@ def test_engine_on_chapter_02_solutions_gives_the_torch_backends_tokens(tiny_mod
 
     kernels = DecodeKernels.from_module(ch02)
     assert kernels.store is ch02.paged_store_kernel
-    kernels = DecodeKernels(kernels.decode, kernels.combine, CountedStore())
+    assert kernels.prefill is ch02.paged_prefill_kernel
+    kernels = DecodeKernels(kernels.decode, kernels.combine, CountedStore(), kernels.prefill)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [{"prompt_token_ids": [5, 17, 300, 42, 9]}, {"prompt_token_ids": [400, 2]}]
     tokens = {}
     for backend, chosen in (("torch", None), ("triton", kernels)):
         llm = LLM(tiny_model("llama"), block_size=4, num_blocks=16, attention_backend=backend,
-                  decode_kernels=chosen)  # fmt: skip
+                  decode_kernels=chosen, max_num_batched_tokens=4)  # fmt: skip
         outs = llm.generate(prompts, params, use_tqdm=False)
         tokens[backend] = [o.outputs[0].token_ids for o in outs]
     assert tokens["triton"] == tokens["torch"]

@@ -97,5 +97,6 @@ class TritonPagedAttention:
             paged_prefill(
                 q, k_cache, v_cache, c.block_tables, c.query_starts, c.query_lens,
                 c.context_lens, c.max_query_len, out, self.scale,
+                kernel=self.decode_kernels.prefill,
             )  # fmt: skip
         return out

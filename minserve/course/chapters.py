@@ -97,15 +97,17 @@ CHAPTERS: tuple[Chapter, ...] = (
             "attention/triton_tiles.py",
             "attention/triton_decode.py",
             "attention/triton_store.py",
+            "attention/triton_prefill.py",
         ),
         header=(
             '"""Chapter 02, Paged attention: the Triton kernels of the engine\'s attention.\n\n'
             "2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over\n"
             "a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax\n"
             "tile after tile; 2.4 merges the splits of flash-decoding; 2.5 stores a step's new\n"
-            "keys and values in the pool by slot. Launch them with `gather_kv`,\n"
-            "`tile_attention`, `paged_decode(..., kernel=, combine_kernel=)` and\n"
-            "`paged_store(..., kernel=)`; run the engine on 2.3-2.5 with\n"
+            "keys and values in the pool by slot; 2.6 attends a prefill chunk causally over\n"
+            "its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,\n"
+            "`paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and\n"
+            "`paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with\n"
             '`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(module))`.\n'
             "On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by\n"
             "minserve.attention.triton_env).\n"
@@ -116,6 +118,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.attention.triton_decode import DecodeKernels  # noqa: F401\n"
             "from minserve.attention.triton_decode import paged_decode  # noqa: F401\n"
             "from minserve.attention.triton_store import paged_store  # noqa: F401\n"
+            "from minserve.attention.triton_env import dot_precision  # noqa: F401\n"
+            "from minserve.attention.triton_prefill import paged_prefill  # noqa: F401\n"
             "from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401\n"
         ),
         checks="minserve.course.checks_ch02",

@@ -1,13 +1,14 @@
 """Checks for chapter 02 (paged attention), run against any module that defines the
-chapter's four kernels: minserve's own, the solutions, or a student's exercise file.
+chapter's six kernels: minserve's own, the solutions, or a student's exercise file.
 
 Each check builds a small paged KV pool (blocks of 4 tokens, handed out in shuffled order,
 every other slot filled with NaN: a kernel that reads one slot past a context returns NaN),
 launches the kernel under test through minserve's launchers (`gather_kv`, `tile_attention`,
-`paged_decode(kernel=..., combine_kernel=...)`), and compares it with plain torch: an
-indexing of the pool for 2.1, `paged_attention_reference` for 2.2-2.4, a log-sum-exp merge
-for 2.4, an indexed assignment of the pool's slots for 2.5 (between guard rows that must
-stay as they were). Each rung is checked alone: the other kernels of a launch are minserve's. A
+`paged_decode(kernel=..., combine_kernel=...)`, `paged_store(kernel=...)`,
+`paged_prefill(kernel=...)`), and compares it with plain torch: an indexing of the pool for
+2.1, `paged_attention_reference` for 2.2-2.4 and 2.6, a log-sum-exp merge for 2.4, an
+indexed assignment of the pool's slots for 2.5 (between guard rows that must stay as they
+were). Each rung is checked alone: the other kernels of a launch are minserve's. A
 mismatch names the sequence, its context length, the query head and the largest error. The
 tensors live where the kernel runs: the CPU in Triton's interpreter, the GPU when Triton
 compiles.
@@ -32,6 +33,7 @@ from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_torch import paged_attention_reference
 from minserve.attention.triton_decode import combine_splits, paged_decode
 from minserve.attention.triton_env import interpreting
+from minserve.attention.triton_prefill import paged_prefill
 from minserve.attention.triton_store import paged_store
 from minserve.attention.triton_tiles import gather_kv, tile_attention
 
@@ -58,8 +60,11 @@ class DecodeCase:
 
     @classmethod
     def random(
-        cls, contexts: list[int], heads: int = 2, kv_heads: int = 2, dtype=torch.float32
-    ) -> DecodeCase:
+        cls, contexts: list[int], heads: int = 2, kv_heads: int = 2, dtype=torch.float32,
+        new: list[int] | None = None,
+    ) -> DecodeCase:  # fmt: skip
+        """`new`: each sequence's query tokens, the last of its context (1 each: a decode)."""
+        new = new or [1] * len(contexts)
         gen = torch.Generator().manual_seed(sum(contexts) + heads)
         needed = [-(-c // BLOCK_SIZE) for c in contexts]
         free = torch.randperm(sum(needed) + 2, generator=gen).tolist()
@@ -73,14 +78,14 @@ class DecodeCase:
                 v_cache[block, offset] = torch.randn(kv_heads, HEAD_DIM, generator=gen)
         device = kernel_device()
         metadata = AttentionMetadata.build(
-            query_lens=[1] * len(contexts),
+            query_lens=new,
             context_lens=contexts,
             block_tables=tables,
-            slot_mapping=[t[(c - 1) // BLOCK_SIZE] * BLOCK_SIZE + (c - 1) % BLOCK_SIZE
-                          for t, c in zip(tables, contexts)],
+            slot_mapping=[t[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+                          for t, c, n in zip(tables, contexts, new) for p in range(c - n, c)],
             device=device,
         )  # fmt: skip
-        q = torch.randn(len(contexts), heads, HEAD_DIM, generator=gen)
+        q = torch.randn(sum(new), heads, HEAD_DIM, generator=gen)
         return cls(*(t.to(device, dtype) for t in (q, k_cache, v_cache)), metadata, tuple(contexts))
 
     def expected(self, scale: float | None = None) -> torch.Tensor:
@@ -445,6 +450,82 @@ def check_store_on_random_pools(impl: ModuleType) -> None:
 check_store_on_random_pools.time_limit_factor = 3
 
 
+@dataclass(frozen=True)
+class PrefillCase:
+    """A step of prefill chunks: each sequence's new queries after its cached prefix."""
+
+    decode: DecodeCase  # its pool, and metadata with each sequence's query length
+    cached: tuple[int, ...]  # tokens each sequence had before this chunk
+    new: tuple[int, ...]  # the chunk's query tokens
+
+    @classmethod
+    def random(
+        cls, cached: list[int], new: list[int], heads: int = 2, kv_heads: int = 2,
+        dtype: torch.dtype = torch.float32,
+    ) -> PrefillCase:  # fmt: skip
+        contexts = [c + n for c, n in zip(cached, new)]
+        decode = DecodeCase.random(contexts, heads, kv_heads, dtype, new=new)
+        return cls(decode, tuple(cached), tuple(new))
+
+    def rows(self) -> list[tuple[int, int, int]]:
+        """(sequence, query index in its chunk, position) of each query row."""
+        return [
+            (s, i, c + i) for s, (c, n) in enumerate(zip(self.cached, self.new)) for i in range(n)
+        ]
+
+
+def run_prefill(
+    impl: ModuleType, case: PrefillCase, scale: float | None = None, block_m: int = 4,
+    block_n: int = 4,
+) -> torch.Tensor:  # fmt: skip
+    """Launch the implementation's prefill kernel over every sequence: [T, Hq, D] on the CPU."""
+    d, md = case.decode, case.decode.metadata
+    out = torch.zeros_like(d.q)
+    launched(
+        paged_prefill, d.q, d.k_cache, d.v_cache, md.block_tables, md.query_start_loc[:-1],
+        md.query_lens, md.context_lens, max(case.new), out, scale, block_m, block_n,
+        kernel=impl.paged_prefill_kernel,
+    )  # fmt: skip
+    return out.float().cpu()
+
+
+def assert_prefill(impl: ModuleType, case: PrefillCase, what: str, **options) -> None:
+    """Compare each query row and head with the reference; name the first one off."""
+    got = run_prefill(impl, case, **options)
+    expected = case.decode.expected(options.get("scale"))
+    tol = TOLERANCE[case.decode.q.dtype]
+    for row, (seq, index, position) in enumerate(case.rows()):
+        for head in range(got.shape[1]):
+            error = (got[row, head] - expected[row, head]).abs().max().item()
+            if not error <= tol:  # NaN fails too
+                hint = NAN_HINT if got[row, head].isnan().any() else ""
+                raise AssertionError(
+                    f"{what}: sequence {seq} ({case.cached[seq]} cached + {case.new[seq]} new "
+                    f"tokens), query {index} of its chunk (position {position}, sees keys 0 to "
+                    f"{position}), head {head}: max error {error:.3g} (tolerance {tol:g}); "
+                    f"expected {_head(expected[row, head])}, got {_head(got[row, head])}{hint}"
+                )
+
+
+def check_prefill_of_whole_prompts_is_causal(impl: ModuleType) -> None:
+    """Prefill: prompts of 1, 5 and 9 tokens, nothing cached; query i sees keys 0 to i"""
+    assert_prefill(impl, PrefillCase.random([0, 0, 0], [1, 5, 9]), "whole prompts")
+
+
+def check_prefill_chunks_after_a_cached_prefix(impl: ModuleType) -> None:
+    """Prefill: chunks of 5, 1 and 4 tokens after 6, 3 and 8 cached; GQA 6 heads over 2"""
+    case = PrefillCase.random([6, 3, 8], [5, 1, 4], heads=6, kv_heads=2)
+    assert_prefill(impl, case, "chunks after a cached prefix")
+
+
+def check_prefill_with_large_scores_and_bf16(impl: ModuleType) -> None:
+    """Prefill: scale 20 (scores in the hundreds), then bf16 caches; tiles of 4 queries"""
+    case = PrefillCase.random([2, 0], [7, 3])
+    assert_prefill(impl, case, "softmax scale 20", scale=20.0)
+    bf16 = PrefillCase.random([5, 1], [3, 6], heads=4, kv_heads=2, dtype=torch.bfloat16)
+    assert_prefill(impl, bf16, "bf16 inputs")
+
+
 CHECKS = [
     check_gather_follows_the_block_table,
     check_gather_tiles_span_blocks,
@@ -464,6 +545,9 @@ CHECKS = [
     check_store_follows_strides_and_masks_heads,
     check_store_in_bf16,
     check_store_on_random_pools,
+    check_prefill_of_whole_prompts_is_causal,
+    check_prefill_chunks_after_a_cached_prefix,
+    check_prefill_with_large_scores_and_bf16,
 ]
 
 HINTS: dict[str, tuple[str, str, str]] = {
@@ -540,5 +624,21 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "stride_cs, heads times stride_ch and dims times stride_cd; the source adds token "
         "times stride_kt, heads times stride_kh and dims times stride_kd (the same for v "
         "with its strides); .to(k_cache_ptr.dtype.element_ty) before tl.store.",
+    ),
+    "2.6": (
+        "A prefill chunk is many queries at once, at positions prefix, prefix + 1, ...: the "
+        "same online softmax as 2.3, one running max, sum and weighted values per query row, "
+        "plus the causal rule: a row sees the keys up to its own position, never the ones "
+        "after it.",
+        "The keys to walk end at the tile's last valid query position plus one (prefix plus "
+        "the smaller of the tile's end and query_len), or at 0 for a tile wholly past the "
+        "chunk. The KV head is head // GROUP. In the loop: the keys' validity, their blocks "
+        "from the table, masked K and V loads, the tl.dot scores, then -inf where the key is "
+        "invalid or past the row's position, then the update of 2.3 with exp2.",
+        "visible is key_valid[None, :] combined with keys[None, :] <= positions[:, None]; "
+        "the K and V offsets add, to the block (as tl.int64) times stride_cb and the offset "
+        "in the block times stride_cs, the KV head times stride_ch and the dims times "
+        "stride_cd; start m at -inf and l, acc at 0 with shapes [BLOCK_M] and [BLOCK_M, "
+        "BLOCK_D].",
     ),
 }
