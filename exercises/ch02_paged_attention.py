@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 02` from the repository root.
 # Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py, minserve/attention/triton_prefill.py by `python -m minserve.course.generate`.
-# stub fingerprint: 5e8d08c4dfd1 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 42d1209a3148 (lets the generator tell your edits from a stale stub)
 """Chapter 02, Paged attention: the Triton kernels of the engine's attention.
 
 2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over
@@ -254,15 +254,17 @@ def paged_prefill_kernel(
 ):  # fmt: skip
     """Causal attention of BLOCK_M query tokens of one sequence and head over its pages.
 
-    The chunk's query i sits at position `positions[i]` = prefix + i and sees keys 0 to
+    Load the tile's queries [BLOCK_M, BLOCK_D] (rows query_start + rows of q, masked by
+    q_mask, in fp32) and fold scale * log2(e) into them, for exp2 in the softmax. The
+    chunk's query i sits at position `positions[i]` = prefix + i and sees keys 0 to
     positions[i] (the cached prefix and the chunk up to itself; the step's own k/v are in
     the pool already). Walk the keys BLOCK_N at a time, from 0 to the tile's last valid
     query position (a tile wholly past the chunk reads none): look each key up in the
     block table, load K and V of the query head's KV head (GQA: head // GROUP) masked past
     the keys' end, score with tl.dot, -inf where a key is not visible to a row, and keep
-    the online softmax of 2.3 (q is pre-multiplied by scale * log2(e): use exp2). Key 0 is
-    visible to every row, so each valid row's max is finite. Leave `m` [BLOCK_M], `l`
-    [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines after the loop.
+    the online softmax of 2.3. Key 0 is visible to every row, so each valid row's max is
+    finite. Leave `m` [BLOCK_M], `l` [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines
+    after the loop.
     """
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -277,16 +279,6 @@ def paged_prefill_kernel(
     positions = prefix + rows  # [BLOCK_M]: query i sees keys 0..positions[i]
     dims = tl.arange(0, BLOCK_D)
     q_mask = row_valid[:, None] & (dims < head_dim)[None, :]
-    q = tl.load(
-        q_ptr
-        + (query_start + rows)[:, None] * stride_qt
-        + head * stride_qh
-        + dims[None, :] * stride_qd,
-        mask=q_mask,
-        other=0.0,
-    ).to(tl.float32)  # [BLOCK_M, BLOCK_D]
-    q = q * (scale * 1.4426950408889634)  # fold log2(e): softmax with exp2
-
     raise NotImplementedError("Exercise 2.6: the paged prefill kernel (causal, over the cached prefix)")
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]

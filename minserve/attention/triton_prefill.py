@@ -44,15 +44,17 @@ def paged_prefill_kernel(
 ):  # fmt: skip
     """Causal attention of BLOCK_M query tokens of one sequence and head over its pages.
 
-    The chunk's query i sits at position `positions[i]` = prefix + i and sees keys 0 to
+    Load the tile's queries [BLOCK_M, BLOCK_D] (rows query_start + rows of q, masked by
+    q_mask, in fp32) and fold scale * log2(e) into them, for exp2 in the softmax. The
+    chunk's query i sits at position `positions[i]` = prefix + i and sees keys 0 to
     positions[i] (the cached prefix and the chunk up to itself; the step's own k/v are in
     the pool already). Walk the keys BLOCK_N at a time, from 0 to the tile's last valid
     query position (a tile wholly past the chunk reads none): look each key up in the
     block table, load K and V of the query head's KV head (GQA: head // GROUP) masked past
     the keys' end, score with tl.dot, -inf where a key is not visible to a row, and keep
-    the online softmax of 2.3 (q is pre-multiplied by scale * log2(e): use exp2). Key 0 is
-    visible to every row, so each valid row's max is finite. Leave `m` [BLOCK_M], `l`
-    [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines after the loop.
+    the online softmax of 2.3. Key 0 is visible to every row, so each valid row's max is
+    finite. Leave `m` [BLOCK_M], `l` [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines
+    after the loop.
     """
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -67,6 +69,7 @@ def paged_prefill_kernel(
     positions = prefix + rows  # [BLOCK_M]: query i sees keys 0..positions[i]
     dims = tl.arange(0, BLOCK_D)
     q_mask = row_valid[:, None] & (dims < head_dim)[None, :]
+    # >>> solution
     q = tl.load(
         q_ptr
         + (query_start + rows)[:, None] * stride_qt
@@ -76,8 +79,6 @@ def paged_prefill_kernel(
         other=0.0,
     ).to(tl.float32)  # [BLOCK_M, BLOCK_D]
     q = q * (scale * 1.4426950408889634)  # fold log2(e): softmax with exp2
-
-    # >>> solution
     # keys up to the tile's last valid query; a tile past the chunk's end reads none
     last = tl.minimum(tile * BLOCK_M + BLOCK_M, query_len)
     end = tl.where(tile * BLOCK_M < query_len, prefix + last, 0)

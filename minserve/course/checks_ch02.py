@@ -550,6 +550,11 @@ CHECKS = [
     check_prefill_with_large_scores_and_bf16,
 ]
 
+PROGRESS: dict[str, str] = {
+    "2.6": "each pass of the key loop must move `first` on by BLOCK_N, from 0 up to the "
+    "tile's last visible key, never past the chunk's end",
+}
+
 HINTS: dict[str, tuple[str, str, str]] = {
     "2.1": (
         "A sequence's token t is not at row t of the pool: its block table says which "
@@ -630,7 +635,9 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "same online softmax as 2.3, one running max, sum and weighted values per query row, "
         "plus the causal rule: a row sees the keys up to its own position, never the ones "
         "after it.",
-        "The keys to walk end at the tile's last valid query position plus one (prefix plus "
+        "Load the queries like 2.3 does, one row per query token of the tile (row "
+        "query_start + rows of q), then scale them. The keys to walk end at the tile's last "
+        "valid query position plus one (prefix plus "
         "the smaller of the tile's end and query_len), or at 0 for a tile wholly past the "
         "chunk. The KV head is head // GROUP. In the loop: the keys' validity, their blocks "
         "from the table, masked K and V loads, the tl.dot scores, then -inf where the key is "
