@@ -129,6 +129,7 @@ class LLMEngine:
         attend: Attend | None = None,  # a contiguous attention function (chapter 00)
         block_table_cls: type = BlockTable,
         scheduling_rules: dict[str, Callable[..., Any]] | None = None,
+        swap_space_cls: type = HostSwapSpace,  # chapter 04: the host swap space's accounting
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
@@ -151,8 +152,9 @@ class LLMEngine:
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
             logger.info("warm-up: the Triton kernels' step shapes ran once in %.1f s", seconds)
         self.kv = self._kv_manager(
-            cache_config, block_allocator_cls, prefix_cache_cls, pool, block_table_cls
-        )
+            cache_config, block_allocator_cls, prefix_cache_cls, pool, block_table_cls,
+            swap_space_cls,
+        )  # fmt: skip
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
             caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
@@ -188,13 +190,16 @@ class LLMEngine:
         prefix_cache_cls: type,
         pool: PagedKVPool,
         table_cls: type = BlockTable,
+        swap_space_cls: type = HostSwapSpace,
     ) -> KVCacheManager:
         """The scheduler's side of the KV cache: blocks, prefix cache, swap and host tier."""
         allocator = allocator_cls(pool.num_blocks)
         if prefix_cache_cls is not RadixCache and not cache_config.enable_prefix_caching:
             raise ValueError("prefix_cache_cls is used only with enable_prefix_caching=True")
+        if swap_space_cls is not HostSwapSpace and cache_config.swap_space <= 0:
+            raise ValueError("swap_space_cls is used only with swap_space > 0 (GiB of host memory)")
         swap = (
-            HostSwapSpace.from_config(cache_config, pool.block_nbytes)
+            swap_space_cls.from_config(cache_config, pool.block_nbytes)
             if cache_config.swap_space > 0
             else None
         )

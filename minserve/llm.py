@@ -20,6 +20,7 @@ from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.radix_cache import RadixCache
+from minserve.kvcache.swap import HostSwapSpace
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.ops import MODEL_OPS, ModelOps
 from minserve.model.sampler import Sampler
@@ -56,9 +57,9 @@ class LLM:
     turns on speculative decoding (docs/speculative.md). scheduling_policy is a name
     ("fcfs", "priority", "lpm") or a class built from the KV cache manager whose instances
     are sort keys (chapter 05: `LLM(scheduling_policy=LongestPrefixMatch)`). decode_kernels
-    (with attention_backend="triton") replaces the Triton decode kernels, as chapter 02 does
-    with a student's (docs/course.md). How it runs on this machine (device, dtype, attention
-    backend, C kernels) is logged once at info level and returned by
+    (with attention_backend="triton") replaces the Triton decode, store and prefill kernels,
+    as chapter 02 does with a student's (docs/course.md). How it runs on this machine (device,
+    dtype, attention backend, C kernels) is logged once at info level and returned by
     `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
     model_ops=ModelOps.from_module(module) runs the model on that module's `rms_norm`,
     `apply_rope`, `swiglu` and `attend` (chapter 00; docs/course.md): the first three in
@@ -69,7 +70,9 @@ class LLM:
     prefix_cache_cls and sample_output_cls swap in a class of the same shape; chunk_rule (a
     sequence's share of a step's token budget, as `minserve.scheduler.budget.prefill_chunk`)
     and preemption_rule (swap or recompute a preempted sequence, as
-    `minserve.scheduler.preemption.preemption_mode`) replace chapter 04's two rules.
+    `minserve.scheduler.preemption.preemption_mode`) replace chapter 04's two rules;
+    swap_space_cls (with swap_space > 0) keeps the account of the host swap space, as
+    `minserve.kvcache.swap.HostSwapSpace` does (chapter 04).
     stop_matcher_cls cuts each sample's text at its stop strings, as
     `minserve.stop_strings.StopStringMatcher` (chapter 09: `LLM(stop_matcher_cls=...)`).
     """
@@ -102,6 +105,7 @@ class LLM:
         model_ops: ModelOps | None = None,
         chunk_rule: Callable[[int, int, bool], int] | None = None,
         preemption_rule: Callable[[int, int, int], str] | None = None,
+        swap_space_cls: type = HostSwapSpace,
         engine: str = "paged",
         tensor_parallel_size: int = 1,
         tensor_parallel_layers: str | None = None,
@@ -141,6 +145,10 @@ class LLM:
         attend = model_ops.attend if model_ops is not None else None
         self.sampler = sampler or Sampler()
         rules = _scheduling_rules(chunk_rule, preemption_rule, engine)
+        if swap_space_cls is not HostSwapSpace and engine != "paged":
+            raise ValueError(
+                f"swap_space_cls plugs into the paged engine; engine={engine!r} has none"
+            )
         self.engine: LLMEngine | None = None
         self.reference: ReferenceGenerator | None = None
         if engine == "paged":
@@ -150,7 +158,7 @@ class LLM:
                 **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
                 stop_matcher_cls=stop_matcher_cls,
                 decode_kernels=decode_kernels, attend=attend, block_table_cls=block_table_cls,
-                scheduling_rules=rules,
+                scheduling_rules=rules, swap_space_cls=swap_space_cls,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:

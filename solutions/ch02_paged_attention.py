@@ -1,14 +1,17 @@
-# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py by `python -m minserve.course.generate`;
+# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py, minserve/attention/triton_prefill.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 02, Paged attention: four Triton kernels, each built on the one before.
+"""Chapter 02, Paged attention: the Triton kernels of the engine's attention.
 
 2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over
 a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax
-tile after tile; 2.4 merges the splits of flash-decoding. Launch them with
-`gather_kv`, `tile_attention` and `paged_decode(..., kernel=, combine_kernel=)`;
-run the engine on 2.3 and 2.4 with `LLM(attention_backend="triton",
-decode_kernels=DecodeKernels.from_module(module))`. On a CPU they run in Triton's
-interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).
+tile after tile; 2.4 merges the splits of flash-decoding; 2.5 stores a step's new
+keys and values in the pool by slot; 2.6 attends a prefill chunk causally over
+its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,
+`paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and
+`paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with
+`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(module))`.
+On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by
+minserve.attention.triton_env).
 """
 
 import triton
@@ -17,6 +20,9 @@ import triton.language as tl
 from minserve.attention import triton_env  # noqa: F401  (before any @triton.jit)
 from minserve.attention.triton_decode import DecodeKernels  # noqa: F401
 from minserve.attention.triton_decode import paged_decode  # noqa: F401
+from minserve.attention.triton_store import paged_store  # noqa: F401
+from minserve.attention.triton_env import dot_precision  # noqa: F401
+from minserve.attention.triton_prefill import paged_prefill  # noqa: F401
 from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401
 
 
@@ -235,3 +241,134 @@ def combine_splits_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=dims < head_dim,
     )
+
+
+# Exercise 2.5: store the step's keys and values by slot
+@triton.jit
+def paged_store_kernel(
+    k_ptr,  # [T, Hkv, D]: the step's new keys
+    v_ptr,  # [T, Hkv, D]
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_cache_ptr,  # the same strides as k_cache
+    slot_mapping_ptr,  # [T] int64
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_cb, stride_cs, stride_ch, stride_cd,
+    block_size,
+    num_kv_heads,
+    head_dim,
+    BLOCK_H: tl.constexpr,  # num_kv_heads padded to a power of two
+    BLOCK_D: tl.constexpr,  # head_dim padded to a power of two
+):  # fmt: skip
+    """Copy token `program_id(0)`'s K and V rows [Hkv, D] to its slot of both caches.
+
+    Read the token's slot from `slot_mapping`; a negative slot is padding: store nothing
+    (mask every load and store with it, never branch). Slot s is offset s % block_size of
+    block s // block_size; do the slot arithmetic in int64 (a large pool overflows int32).
+    Mask the heads and dims past `num_kv_heads` and `head_dim` (BLOCK_H and BLOCK_D are
+    padded to powers of two), follow every tensor's own strides (k and v may be views
+    into a wider qkv tensor) and convert to the cache's dtype before storing.
+    """
+    token = tl.program_id(0)
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    dims = tl.arange(0, BLOCK_D)[None, :]
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    mask = (heads < num_kv_heads) & (dims < head_dim) & (slot >= 0)  # [BLOCK_H, BLOCK_D]
+    dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_cs
+    dst += heads * stride_ch + dims * stride_cd
+    k = tl.load(k_ptr + token * stride_kt + heads * stride_kh + dims * stride_kd, mask=mask)
+    v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims * stride_vd, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+# Exercise 2.6: the paged prefill kernel (causal, over the cached prefix)
+@triton.jit
+def paged_prefill_kernel(
+    q_ptr,  # [T, Hq, D]: the step's query tokens, each sequence's rows contiguous
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D], the step's own k/v already stored
+    v_cache_ptr,
+    block_tables_ptr,  # [S, max_blocks] int32
+    query_starts_ptr,  # [S] int32: row of each sequence's first query token
+    query_lens_ptr,  # [S] int32
+    context_lens_ptr,  # [S] int32: cached prefix + query_len
+    out_ptr,  # [T, Hq, D]
+    stride_qt, stride_qh, stride_qd,
+    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_bs,
+    stride_ot, stride_oh,
+    scale,
+    block_size,
+    head_dim,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_M: tl.constexpr,  # query tokens per program
+    BLOCK_N: tl.constexpr,  # keys per loop iteration
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Causal attention of BLOCK_M query tokens of one sequence and head over its pages.
+
+    Load the tile's queries [BLOCK_M, BLOCK_D] (rows query_start + rows of q, masked by
+    q_mask, in fp32) and fold scale * log2(e) into them, for exp2 in the softmax. The
+    chunk's query i sits at position `positions[i]` = prefix + i and sees keys 0 to
+    positions[i] (the cached prefix and the chunk up to itself; the step's own k/v are in
+    the pool already). Walk the keys BLOCK_N at a time, from 0 to the tile's last valid
+    query position (a tile wholly past the chunk reads none): look each key up in the
+    block table, load K and V of the query head's KV head (GQA: head // GROUP) masked past
+    the keys' end, score with tl.dot, -inf where a key is not visible to a row, and keep
+    the online softmax of 2.3. Key 0 is visible to every row, so each valid row's max is
+    finite. Leave `m` [BLOCK_M], `l` [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines
+    after the loop.
+    """
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    tile = tl.program_id(2)
+    query_start = tl.load(query_starts_ptr + seq)
+    query_len = tl.load(query_lens_ptr + seq)
+    context_len = tl.load(context_lens_ptr + seq)
+    prefix = context_len - query_len  # tokens cached before this chunk
+
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the chunk
+    row_valid = rows < query_len
+    positions = prefix + rows  # [BLOCK_M]: query i sees keys 0..positions[i]
+    dims = tl.arange(0, BLOCK_D)
+    q_mask = row_valid[:, None] & (dims < head_dim)[None, :]
+    q = tl.load(
+        q_ptr
+        + (query_start + rows)[:, None] * stride_qt
+        + head * stride_qh
+        + dims[None, :] * stride_qd,
+        mask=q_mask,
+        other=0.0,
+    ).to(tl.float32)  # [BLOCK_M, BLOCK_D]
+    q = q * (scale * 1.4426950408889634)  # fold log2(e): softmax with exp2
+    # keys up to the tile's last valid query; a tile past the chunk's end reads none
+    last = tl.minimum(tile * BLOCK_M + BLOCK_M, query_len)
+    end = tl.where(tile * BLOCK_M < query_len, prefix + last, 0)
+    table = block_tables_ptr + seq * stride_bs
+    kv_base = (head // GROUP) * stride_ch + dims[None, :] * stride_cd  # [1, BLOCK_D]
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # noqa: E741
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for first in range(0, end, BLOCK_N):
+        keys = first + tl.arange(0, BLOCK_N)
+        key_valid = keys < end
+        blocks = tl.load(table + keys // block_size, mask=key_valid, other=0)
+        slots = blocks.to(tl.int64) * stride_cb + (keys % block_size) * stride_cs
+        kv_mask = key_valid[:, None] & (dims < head_dim)[None, :]
+        k = tl.load(k_cache_ptr + slots[:, None] + kv_base, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + slots[:, None] + kv_base, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PRECISION)
+        # Key 0 is visible to every row, so each row's max is finite from the first tile on.
+        visible = key_valid[None, :] & (keys[None, :] <= positions[:, None])
+        scores = tl.where(visible, scores, float("-inf"))  # [BLOCK_M, BLOCK_N]
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PRECISION)
+        m = m_new
+
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    out_rows = out_ptr + (query_start + rows)[:, None] * stride_ot + head * stride_oh
+    tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask)

@@ -15,7 +15,14 @@ import solutions.ch02_paged_attention as solutions
 from minserve.course import checks_ch02
 from minserve.course.chapters import REPO_ROOT
 
-LAUNCHERS = ("paged_decode", "gather_kv", "tile_attention", "combine_splits")
+LAUNCHERS = (
+    "paged_decode",
+    "gather_kv",
+    "tile_attention",
+    "combine_splits",
+    "paged_store",
+    "paged_prefill",
+)
 
 
 class Launched(Exception):

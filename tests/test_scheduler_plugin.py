@@ -55,6 +55,33 @@ def test_the_solutions_budget_and_preemption_rules_give_the_default_engines_toke
     assert_all_blocks_free(plugged.engine)
 
 
+def test_the_solutions_swap_space_gives_the_default_engines_tokens_and_bytes(tiny_model) -> None:
+    import solutions.ch04_chunked_prefill as student
+
+    prompts, params = random_workload(20, seed=3)
+    options = dict(block_size=4, num_blocks=20, max_num_batched_tokens=32, swap_space=0.001)
+    default = LLM(tiny_model("llama"), **options)
+    expected = token_ids(default.generate(prompts, params, use_tqdm=False))
+    plugged = LLM(tiny_model("llama"), swap_space_cls=student.HostSwapSpace, **options)
+    space, default_space = plugged.engine.kv.swap, default.engine.kv.swap
+    assert isinstance(space, student.HostSwapSpace)
+    assert token_ids(plugged.generate(prompts, params, use_tqdm=False)) == expected
+    assert plugged.get_metrics()["num_swapped_out"] == default.get_metrics()["num_swapped_out"] > 0
+    counters = ("used_bytes", "bytes_out", "bytes_in")
+    assert [getattr(space, c) for c in counters] == [getattr(default_space, c) for c in counters]
+    assert space.used_bytes == 0 and space.bytes_in == space.bytes_out > 0
+    assert_all_blocks_free(plugged.engine)
+
+
+def test_a_swap_space_class_needs_swap_space(tiny_model) -> None:
+    import solutions.ch04_chunked_prefill as student
+
+    with pytest.raises(ValueError, match="swap_space_cls is used only with swap_space > 0"):
+        LLM(tiny_model("llama"), swap_space_cls=student.HostSwapSpace)
+    with pytest.raises(ValueError, match="swap_space_cls plugs into the paged engine"):
+        LLM(tiny_model("llama"), engine="reference", swap_space_cls=student.HostSwapSpace)
+
+
 def test_a_preemption_rule_that_never_swaps_recomputes_every_victim(tiny_model) -> None:
     prompts, params = random_workload(20, seed=3)
     options = dict(block_size=4, num_blocks=20, max_num_batched_tokens=32, swap_space=0.001)

@@ -233,6 +233,34 @@ def test_engine_runs_the_decode_kernels_it_is_given(tiny_model) -> None:
     assert launches, "the engine never launched the kernel it was given"
 
 
+def test_engine_on_chapter_02_solutions_gives_the_torch_backends_tokens(tiny_model) -> None:
+    """Chapter 02's solution kernels (decode, combine, store, prefill) drive the engine: the
+    torch backend's tokens, through chunked prefill (a budget of 4 tokens)."""
+    import solutions.ch02_paged_attention as ch02
+
+    stores = []
+
+    class CountedStore:  # `kernel[grid](...)`, counted
+        def __getitem__(self, grid):
+            stores.append(grid)
+            return ch02.paged_store_kernel[grid]
+
+    kernels = DecodeKernels.from_module(ch02)
+    assert kernels.store is ch02.paged_store_kernel
+    assert kernels.prefill is ch02.paged_prefill_kernel
+    kernels = DecodeKernels(kernels.decode, kernels.combine, CountedStore(), kernels.prefill)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 17, 300, 42, 9]}, {"prompt_token_ids": [400, 2]}]
+    tokens = {}
+    for backend, chosen in (("torch", None), ("triton", kernels)):
+        llm = LLM(tiny_model("llama"), block_size=4, num_blocks=16, attention_backend=backend,
+                  decode_kernels=chosen, max_num_batched_tokens=4)  # fmt: skip
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        tokens[backend] = [o.outputs[0].token_ids for o in outs]
+    assert tokens["triton"] == tokens["torch"]
+    assert stores, "the engine never launched the store kernel it was given"
+
+
 def test_decode_kernels_need_the_triton_backend() -> None:
     with pytest.raises(ValueError, match="pass attention_backend='triton'"):
         with_decode_kernels("torch", DecodeKernels())

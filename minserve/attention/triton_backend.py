@@ -81,7 +81,9 @@ class TritonPagedAttention:
     ) -> torch.Tensor:
         self.metadata.check_num_tokens(q.shape[0])
         k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
-        paged_store(k_cache, v_cache, k, v, self.metadata.slot_mapping)
+        paged_store(
+            k_cache, v_cache, k, v, self.metadata.slot_mapping, kernel=self.decode_kernels.store
+        )
         out = q.new_empty(q.shape)  # [T, Hq, D]
         if self.decodes is not None:
             d = self.decodes
@@ -95,5 +97,6 @@ class TritonPagedAttention:
             paged_prefill(
                 q, k_cache, v_cache, c.block_tables, c.query_starts, c.query_lens,
                 c.context_lens, c.max_query_len, out, self.scale,
+                kernel=self.decode_kernels.prefill,
             )  # fmt: skip
         return out

@@ -19,6 +19,9 @@ import triton
 import triton.language as tl
 
 from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a CPU)
+from minserve.attention.triton_env import dot_precision
+from minserve.attention.triton_prefill import paged_prefill_kernel
+from minserve.attention.triton_store import paged_store_kernel
 
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism
 
@@ -170,16 +173,26 @@ def combine_splits_kernel(
 
 @dataclass(frozen=True)
 class DecodeKernels:
-    """The two kernels `paged_decode` launches; chapter 02's exercises can replace either
+    """The kernels of the Triton backend's steps: the two `paged_decode` launches, the store
+    of the step's k/v (`paged_store`) and the prefill chunks' attention (`paged_prefill`);
+    chapter 02's exercises can replace any of them
     (`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(m))`)."""
 
     decode: triton.JITFunction = paged_decode_kernel
     combine: triton.JITFunction = combine_splits_kernel
+    store: triton.JITFunction = paged_store_kernel
+    prefill: triton.JITFunction = paged_prefill_kernel
 
     @classmethod
     def from_module(cls, module: ModuleType) -> DecodeKernels:
-        """The module's `paged_decode_kernel` and `combine_splits_kernel`."""
-        return cls(module.paged_decode_kernel, module.combine_splits_kernel)
+        """The module's `paged_decode_kernel`, `combine_splits_kernel`, `paged_store_kernel`
+        and `paged_prefill_kernel`."""
+        return cls(
+            module.paged_decode_kernel,
+            module.combine_splits_kernel,
+            module.paged_store_kernel,
+            module.paged_prefill_kernel,
+        )
 
 
 def choose_num_splits(
@@ -192,11 +205,6 @@ def choose_num_splits(
     sms = torch.cuda.get_device_properties(device).multi_processor_count  # this GPU's
     wanted = math.ceil(2 * sms / programs)
     return max(1, min(wanted, max_context_len // MIN_TOKENS_PER_SPLIT, 64))
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision: exact fp32 for fp32 data; tf32 holds bf16/fp16 exactly."""
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def paged_decode(

@@ -48,3 +48,8 @@ def check_kernel_device(*tensors: torch.Tensor) -> None:
 
 
 use_interpreter_without_gpu()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision: exact fp32 for fp32 data; tf32 holds bf16/fp16 exactly."""
+    return "ieee" if dtype == torch.float32 else "tf32"

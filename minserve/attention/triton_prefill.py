@@ -15,9 +15,10 @@ import triton
 import triton.language as tl
 
 from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a CPU)
-from minserve.attention.triton_decode import dot_precision
+from minserve.attention.triton_env import dot_precision
 
 
+# >>> exercise 2.6: the paged prefill kernel (causal, over the cached prefix)
 @triton.jit
 def paged_prefill_kernel(
     q_ptr,  # [T, Hq, D]: the step's query tokens, each sequence's rows contiguous
@@ -41,7 +42,20 @@ def paged_prefill_kernel(
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Causal attention of BLOCK_M query tokens of one sequence and head over its pages."""
+    """Causal attention of BLOCK_M query tokens of one sequence and head over its pages.
+
+    Load the tile's queries [BLOCK_M, BLOCK_D] (rows query_start + rows of q, masked by
+    q_mask, in fp32) and fold scale * log2(e) into them, for exp2 in the softmax. The
+    chunk's query i sits at position `positions[i]` = prefix + i and sees keys 0 to
+    positions[i] (the cached prefix and the chunk up to itself; the step's own k/v are in
+    the pool already). Walk the keys BLOCK_N at a time, from 0 to the tile's last valid
+    query position (a tile wholly past the chunk reads none): look each key up in the
+    block table, load K and V of the query head's KV head (GQA: head // GROUP) masked past
+    the keys' end, score with tl.dot, -inf where a key is not visible to a row, and keep
+    the online softmax of 2.3. Key 0 is visible to every row, so each valid row's max is
+    finite. Leave `m` [BLOCK_M], `l` [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines
+    after the loop.
+    """
     seq = tl.program_id(0)
     head = tl.program_id(1)
     tile = tl.program_id(2)
@@ -55,6 +69,7 @@ def paged_prefill_kernel(
     positions = prefix + rows  # [BLOCK_M]: query i sees keys 0..positions[i]
     dims = tl.arange(0, BLOCK_D)
     q_mask = row_valid[:, None] & (dims < head_dim)[None, :]
+    # >>> solution
     q = tl.load(
         q_ptr
         + (query_start + rows)[:, None] * stride_qt
@@ -64,7 +79,6 @@ def paged_prefill_kernel(
         other=0.0,
     ).to(tl.float32)  # [BLOCK_M, BLOCK_D]
     q = q * (scale * 1.4426950408889634)  # fold log2(e): softmax with exp2
-
     # keys up to the tile's last valid query; a tile past the chunk's end reads none
     last = tl.minimum(tile * BLOCK_M + BLOCK_M, query_len)
     end = tl.where(tile * BLOCK_M < query_len, prefix + last, 0)
@@ -91,10 +105,14 @@ def paged_prefill_kernel(
         l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PRECISION)
         m = m_new
+    # <<< solution
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     out_rows = out_ptr + (query_start + rows)[:, None] * stride_ot + head * stride_oh
     tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+# <<< exercise
 
 
 def paged_prefill(
@@ -110,11 +128,13 @@ def paged_prefill(
     scale: float | None = None,
     block_m: int = 16,
     block_n: int = 64,
+    kernel: triton.JITFunction = paged_prefill_kernel,
 ) -> torch.Tensor:
     """Extend attention for the sequences listed: writes their rows of `out` [T, Hq, D].
 
     Sequence i's queries are rows query_starts[i] .. + query_lens[i] of q; rows of other
-    sequences are left untouched (the decode kernel fills them).
+    sequences are left untouched (the decode kernel fills them). `kernel` may be any kernel
+    with `paged_prefill_kernel`'s signature (chapter 02's exercise 2.6).
     """
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
@@ -125,7 +145,7 @@ def paged_prefill(
         )
     num_seqs = query_lens.shape[0]
     grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
-    paged_prefill_kernel[grid](
+    kernel[grid](
         q, k_cache, v_cache, block_tables, query_starts, query_lens, context_lens, out,
         *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride()[:2],
         scale if scale is not None else head_dim**-0.5,

@@ -93,22 +93,33 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="paged_attention",
         title="Paged attention",
         module="ch02_paged_attention",
-        sources=("attention/triton_tiles.py", "attention/triton_decode.py"),
+        sources=(
+            "attention/triton_tiles.py",
+            "attention/triton_decode.py",
+            "attention/triton_store.py",
+            "attention/triton_prefill.py",
+        ),
         header=(
-            '"""Chapter 02, Paged attention: four Triton kernels, each built on the one before.\n\n'
+            '"""Chapter 02, Paged attention: the Triton kernels of the engine\'s attention.\n\n'
             "2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over\n"
             "a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax\n"
-            "tile after tile; 2.4 merges the splits of flash-decoding. Launch them with\n"
-            "`gather_kv`, `tile_attention` and `paged_decode(..., kernel=, combine_kernel=)`;\n"
-            'run the engine on 2.3 and 2.4 with `LLM(attention_backend="triton",\n'
-            "decode_kernels=DecodeKernels.from_module(module))`. On a CPU they run in Triton's\n"
-            "interpreter (TRITON_INTERPRET=1, set by minserve.attention.triton_env).\n"
+            "tile after tile; 2.4 merges the splits of flash-decoding; 2.5 stores a step's new\n"
+            "keys and values in the pool by slot; 2.6 attends a prefill chunk causally over\n"
+            "its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,\n"
+            "`paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and\n"
+            "`paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with\n"
+            '`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(module))`.\n'
+            "On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by\n"
+            "minserve.attention.triton_env).\n"
             '"""\n\n'
             "import triton\n"
             "import triton.language as tl\n\n"
             "from minserve.attention import triton_env  # noqa: F401  (before any @triton.jit)\n"
             "from minserve.attention.triton_decode import DecodeKernels  # noqa: F401\n"
             "from minserve.attention.triton_decode import paged_decode  # noqa: F401\n"
+            "from minserve.attention.triton_store import paged_store  # noqa: F401\n"
+            "from minserve.attention.triton_env import dot_precision  # noqa: F401\n"
+            "from minserve.attention.triton_prefill import paged_prefill  # noqa: F401\n"
             "from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401\n"
         ),
         checks="minserve.course.checks_ch02",
@@ -151,16 +162,23 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="chunked_prefill_and_preemption",
         title="Chunked prefill and preemption",
         module="ch04_chunked_prefill",
-        sources=("scheduler/budget.py", "scheduler/preemption.py"),
+        sources=("scheduler/budget.py", "scheduler/preemption.py", "kvcache/swap.py"),
         header=(
             '"""Chapter 04, Chunked prefill and preemption: the scheduler\'s two decisions\n'
-            "when time or memory runs short.\n\n"
+            "when time or memory runs short, and the swap space a preempted sequence goes to.\n\n"
             "`prefill_chunk`: how many tokens a sequence computes out of what is left of the\n"
             "step's token budget (Sarathi-Serve's chunked prefill). `preemption_mode`:\n"
             "whether a preempted sequence's blocks go to the host swap space or are freed and\n"
-            "recomputed (vLLM). Plug yours into the engine with\n"
-            "`LLM(chunk_rule=prefill_chunk, preemption_rule=preemption_mode)`.\n"
+            "recomputed (vLLM). `HostSwapSpace`: the account of the host memory swapped-out\n"
+            "blocks wait in. Plug yours into the engine with\n"
+            "`LLM(chunk_rule=prefill_chunk, preemption_rule=preemption_mode,\n"
+            "swap_space=0.05, swap_space_cls=HostSwapSpace)`.\n"
             '"""\n\n'
+            "from __future__ import annotations\n\n"
+            "from minserve.config import CacheConfig\n"
+            "from minserve.kvcache.swap import GIB\n"
+            "from minserve.kvcache.swap import SwapSpaceFullError  # noqa: F401\n"
+            "from minserve.messages import DropSwapped, SwapIn, SwapOut\n"
             "from minserve.scheduler.preemption import PreemptionMode\n"
         ),
         checks="minserve.course.checks_ch04",

@@ -1,12 +1,14 @@
 """Checks for chapter 02 (paged attention), run against any module that defines the
-chapter's four kernels: minserve's own, the solutions, or a student's exercise file.
+chapter's six kernels: minserve's own, the solutions, or a student's exercise file.
 
 Each check builds a small paged KV pool (blocks of 4 tokens, handed out in shuffled order,
 every other slot filled with NaN: a kernel that reads one slot past a context returns NaN),
 launches the kernel under test through minserve's launchers (`gather_kv`, `tile_attention`,
-`paged_decode(kernel=..., combine_kernel=...)`), and compares it with plain torch: an
-indexing of the pool for 2.1, `paged_attention_reference` for 2.2-2.4, a log-sum-exp merge
-for 2.4. Each rung is checked alone: the other kernels of a launch are minserve's. A
+`paged_decode(kernel=..., combine_kernel=...)`, `paged_store(kernel=...)`,
+`paged_prefill(kernel=...)`), and compares it with plain torch: an indexing of the pool for
+2.1, `paged_attention_reference` for 2.2-2.4 and 2.6, a log-sum-exp merge for 2.4, an
+indexed assignment of the pool's slots for 2.5 (between guard rows that must stay as they
+were). Each rung is checked alone: the other kernels of a launch are minserve's. A
 mismatch names the sequence, its context length, the query head and the largest error. The
 tensors live where the kernel runs: the CPU in Triton's interpreter, the GPU when Triton
 compiles.
@@ -22,6 +24,8 @@ from types import ModuleType
 from typing import TypeVar
 
 import torch
+from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import strategies as st
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import InterpreterError
 
@@ -29,6 +33,8 @@ from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_torch import paged_attention_reference
 from minserve.attention.triton_decode import combine_splits, paged_decode
 from minserve.attention.triton_env import interpreting
+from minserve.attention.triton_prefill import paged_prefill
+from minserve.attention.triton_store import paged_store
 from minserve.attention.triton_tiles import gather_kv, tile_attention
 
 T = TypeVar("T")
@@ -54,8 +60,11 @@ class DecodeCase:
 
     @classmethod
     def random(
-        cls, contexts: list[int], heads: int = 2, kv_heads: int = 2, dtype=torch.float32
-    ) -> DecodeCase:
+        cls, contexts: list[int], heads: int = 2, kv_heads: int = 2, dtype=torch.float32,
+        new: list[int] | None = None,
+    ) -> DecodeCase:  # fmt: skip
+        """`new`: each sequence's query tokens, the last of its context (1 each: a decode)."""
+        new = new or [1] * len(contexts)
         gen = torch.Generator().manual_seed(sum(contexts) + heads)
         needed = [-(-c // BLOCK_SIZE) for c in contexts]
         free = torch.randperm(sum(needed) + 2, generator=gen).tolist()
@@ -69,14 +78,14 @@ class DecodeCase:
                 v_cache[block, offset] = torch.randn(kv_heads, HEAD_DIM, generator=gen)
         device = kernel_device()
         metadata = AttentionMetadata.build(
-            query_lens=[1] * len(contexts),
+            query_lens=new,
             context_lens=contexts,
             block_tables=tables,
-            slot_mapping=[t[(c - 1) // BLOCK_SIZE] * BLOCK_SIZE + (c - 1) % BLOCK_SIZE
-                          for t, c in zip(tables, contexts)],
+            slot_mapping=[t[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+                          for t, c, n in zip(tables, contexts, new) for p in range(c - n, c)],
             device=device,
         )  # fmt: skip
-        q = torch.randn(len(contexts), heads, HEAD_DIM, generator=gen)
+        q = torch.randn(sum(new), heads, HEAD_DIM, generator=gen)
         return cls(*(t.to(device, dtype) for t in (q, k_cache, v_cache)), metadata, tuple(contexts))
 
     def expected(self, scale: float | None = None) -> torch.Tensor:
@@ -303,6 +312,220 @@ def check_split_k_decode_with_your_combine(impl: ModuleType) -> None:
     assert_close(case, got, "3 splits merged by your combine")
 
 
+@dataclass(frozen=True)
+class StoreCase:
+    """A step's new k/v rows, their slots (-1: padding), and a pool between two guard blocks."""
+
+    k: torch.Tensor  # [T, Hkv, D], possibly views into a wider qkv tensor
+    v: torch.Tensor
+    slots: tuple[int, ...]
+    num_blocks: int
+    block_size: int
+
+    @classmethod
+    def random(
+        cls, slots: list[int], num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+        strided: bool = False, dtype: torch.dtype = torch.float32,
+    ) -> StoreCase:  # fmt: skip
+        gen = torch.Generator().manual_seed(len(slots) * 31 + num_blocks + head_dim)
+        qkv = torch.randn(len(slots), 3 * kv_heads, head_dim, generator=gen).to(dtype)
+        if strided:  # k and v are views into the projection's output, as in the model
+            k, v = qkv[:, kv_heads : 2 * kv_heads], qkv[:, 2 * kv_heads :]
+        else:
+            k, v = qkv[:, :kv_heads].contiguous(), qkv[:, kv_heads : 2 * kv_heads].contiguous()
+        return cls(k, v, tuple(slots), num_blocks, block_size)
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V buffers [num_blocks + 2, block_size, Hkv, D] of known values; the pool is
+        blocks 1..num_blocks, so a write outside it lands in a guard block."""
+        shape = (self.num_blocks + 2, self.block_size, *self.k.shape[1:])
+        gen = torch.Generator().manual_seed(self.num_blocks)
+        k = torch.randn(shape, generator=gen).to(self.k.dtype)
+        return k, -k
+
+    def expected(self, buffer: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """The buffer after storing `new` at the valid slots, by plain indexing."""
+        out = buffer.clone()
+        pool = out[1:-1].flatten(0, 1)  # [num_blocks * block_size, Hkv, D]: row s is slot s
+        for token, slot in enumerate(self.slots):
+            if slot >= 0:
+                pool[slot] = new[token]
+        return out
+
+    def describe(self) -> str:
+        heads, dim = self.k.shape[1:]
+        layout = "views into qkv" if not self.k.is_contiguous() else "contiguous"
+        return (
+            f"{len(self.slots)} tokens, slots {list(self.slots)}, pool of {self.num_blocks} "
+            f"blocks of {self.block_size}, {heads} KV heads of {dim} dims, "
+            f"{str(self.k.dtype).removeprefix('torch.')}, k and v {layout}"
+        )
+
+
+def assert_store(impl: ModuleType, case: StoreCase) -> None:
+    """Run the kernel on the case and compare both buffers, slot by slot, with indexing."""
+    device = kernel_device()
+    k_start, v_start = case.buffers()
+    expected = {"K": case.expected(k_start, case.k), "V": case.expected(v_start, case.v)}
+    k_buffer, v_buffer = k_start.to(device), v_start.to(device)
+    launched(
+        paged_store, k_buffer[1:-1], v_buffer[1:-1], case.k.to(device), case.v.to(device),
+        torch.tensor(case.slots, dtype=torch.int64, device=device),
+        kernel=impl.paged_store_kernel,
+    )  # fmt: skip
+    rows_per_block = case.block_size
+    for name, buffer in (("K", k_buffer), ("V", v_buffer)):
+        got, want = buffer.cpu().flatten(0, 1), expected[name].flatten(0, 1)
+        for row in range(got.shape[0]):
+            if torch.equal(got[row], want[row]):
+                continue
+            slot = row - rows_per_block
+            if slot < 0 or slot >= case.num_blocks * rows_per_block:
+                where = "a guard row outside the pool (a padding slot of -1 stores nothing)"
+            else:
+                block, offset = divmod(slot, rows_per_block)
+                tokens = [t for t, s in enumerate(case.slots) if s == slot]
+                owner = f"token {tokens[0]}'s slot" if tokens else "a slot no token maps to"
+                where = f"slot {slot} (block {block}, offset {offset}: {owner})"
+            raise AssertionError(
+                f"store, {case.describe()}: {name} cache at {where}: expected "
+                f"{_rows(want[row])}, got {_rows(got[row])}"
+            )
+
+
+def _rows(rows: torch.Tensor) -> str:
+    """A [Hkv, D] slot's first values, head by head."""
+    return "[" + "; ".join(_head(head.float()) for head in rows[:2]) + "]"
+
+
+def check_store_writes_each_token_at_its_slot(impl: ModuleType) -> None:
+    """Store: 5 tokens at slots 9, 2, 3, 4 and 15 of 4 blocks of 4 (block = slot // 4)"""
+    assert_store(impl, StoreCase.random([9, 2, 3, 4, 15], 4, BLOCK_SIZE, 2, HEAD_DIM))
+
+
+def check_store_skips_padding_slots(impl: ModuleType) -> None:
+    """Store: slots -1 (padding) store nothing; the guard rows around the pool stay as they were"""
+    assert_store(impl, StoreCase.random([-1, 6, -1, 0, 11, -1], 3, BLOCK_SIZE, 2, HEAD_DIM))
+
+
+def check_store_follows_strides_and_masks_heads(impl: ModuleType) -> None:
+    """Store: k and v as views into a qkv tensor, 3 KV heads of 12 dims (padded to 4 and 16)"""
+    case = StoreCase.random([5, 1, -1, 12], 4, BLOCK_SIZE, 3, 12, strided=True)
+    assert_store(impl, case)
+
+
+def check_store_in_bf16(impl: ModuleType) -> None:
+    """Store: bf16 k and v into a bf16 pool, 2 tokens in blocks of 2, copied bit for bit"""
+    assert_store(impl, StoreCase.random([3, 6], 4, 2, 2, HEAD_DIM, dtype=torch.bfloat16))
+
+
+@st.composite
+def store_cases(draw: st.DrawFn) -> StoreCase:
+    """A random pool shape, 1-6 tokens at distinct slots, some of them padding."""
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    num_blocks = draw(st.integers(1, 4))
+    num_tokens = draw(st.integers(1, 6))
+    free = st.lists(st.integers(0, num_blocks * block_size - 1), unique=True, max_size=num_tokens)
+    slots = draw(free)
+    slots += [-1] * (num_tokens - len(slots))
+    slots = draw(st.permutations(slots))
+    kv_heads, head_dim = draw(st.integers(1, 3)), draw(st.sampled_from([2, 4, 6, 16]))
+    return StoreCase.random(slots, num_blocks, block_size, kv_heads, head_dim, draw(st.booleans()))
+
+
+def check_store_on_random_pools(impl: ModuleType) -> None:
+    """Store, randomized: pools of 1-4 blocks of 1-8 slots, 1-6 tokens, padding, 1-3 heads"""
+    assert_store(impl, StoreCase.random([2, -1], 2, 2, 1, 4))  # a stub raises here at once
+
+    @settings(max_examples=12, deadline=None, database=None, derandomize=True,
+              verbosity=Verbosity.quiet, report_multiple_bugs=False,
+              suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+    @given(store_cases())
+    def store_matches_indexing(case: StoreCase) -> None:
+        assert_store(impl, case)
+
+    store_matches_indexing()
+
+
+check_store_on_random_pools.time_limit_factor = 3
+
+
+@dataclass(frozen=True)
+class PrefillCase:
+    """A step of prefill chunks: each sequence's new queries after its cached prefix."""
+
+    decode: DecodeCase  # its pool, and metadata with each sequence's query length
+    cached: tuple[int, ...]  # tokens each sequence had before this chunk
+    new: tuple[int, ...]  # the chunk's query tokens
+
+    @classmethod
+    def random(
+        cls, cached: list[int], new: list[int], heads: int = 2, kv_heads: int = 2,
+        dtype: torch.dtype = torch.float32,
+    ) -> PrefillCase:  # fmt: skip
+        contexts = [c + n for c, n in zip(cached, new)]
+        decode = DecodeCase.random(contexts, heads, kv_heads, dtype, new=new)
+        return cls(decode, tuple(cached), tuple(new))
+
+    def rows(self) -> list[tuple[int, int, int]]:
+        """(sequence, query index in its chunk, position) of each query row."""
+        return [
+            (s, i, c + i) for s, (c, n) in enumerate(zip(self.cached, self.new)) for i in range(n)
+        ]
+
+
+def run_prefill(
+    impl: ModuleType, case: PrefillCase, scale: float | None = None, block_m: int = 4,
+    block_n: int = 4,
+) -> torch.Tensor:  # fmt: skip
+    """Launch the implementation's prefill kernel over every sequence: [T, Hq, D] on the CPU."""
+    d, md = case.decode, case.decode.metadata
+    out = torch.zeros_like(d.q)
+    launched(
+        paged_prefill, d.q, d.k_cache, d.v_cache, md.block_tables, md.query_start_loc[:-1],
+        md.query_lens, md.context_lens, max(case.new), out, scale, block_m, block_n,
+        kernel=impl.paged_prefill_kernel,
+    )  # fmt: skip
+    return out.float().cpu()
+
+
+def assert_prefill(impl: ModuleType, case: PrefillCase, what: str, **options) -> None:
+    """Compare each query row and head with the reference; name the first one off."""
+    got = run_prefill(impl, case, **options)
+    expected = case.decode.expected(options.get("scale"))
+    tol = TOLERANCE[case.decode.q.dtype]
+    for row, (seq, index, position) in enumerate(case.rows()):
+        for head in range(got.shape[1]):
+            error = (got[row, head] - expected[row, head]).abs().max().item()
+            if not error <= tol:  # NaN fails too
+                hint = NAN_HINT if got[row, head].isnan().any() else ""
+                raise AssertionError(
+                    f"{what}: sequence {seq} ({case.cached[seq]} cached + {case.new[seq]} new "
+                    f"tokens), query {index} of its chunk (position {position}, sees keys 0 to "
+                    f"{position}), head {head}: max error {error:.3g} (tolerance {tol:g}); "
+                    f"expected {_head(expected[row, head])}, got {_head(got[row, head])}{hint}"
+                )
+
+
+def check_prefill_of_whole_prompts_is_causal(impl: ModuleType) -> None:
+    """Prefill: prompts of 1, 5 and 9 tokens, nothing cached; query i sees keys 0 to i"""
+    assert_prefill(impl, PrefillCase.random([0, 0, 0], [1, 5, 9]), "whole prompts")
+
+
+def check_prefill_chunks_after_a_cached_prefix(impl: ModuleType) -> None:
+    """Prefill: chunks of 5, 1 and 4 tokens after 6, 3 and 8 cached; GQA 6 heads over 2"""
+    case = PrefillCase.random([6, 3, 8], [5, 1, 4], heads=6, kv_heads=2)
+    assert_prefill(impl, case, "chunks after a cached prefix")
+
+
+def check_prefill_with_large_scores_and_bf16(impl: ModuleType) -> None:
+    """Prefill: scale 20 (scores in the hundreds), then bf16 caches; tiles of 4 queries"""
+    case = PrefillCase.random([2, 0], [7, 3])
+    assert_prefill(impl, case, "softmax scale 20", scale=20.0)
+    bf16 = PrefillCase.random([5, 1], [3, 6], heads=4, kv_heads=2, dtype=torch.bfloat16)
+    assert_prefill(impl, bf16, "bf16 inputs")
+
+
 CHECKS = [
     check_gather_follows_the_block_table,
     check_gather_tiles_span_blocks,
@@ -317,7 +540,20 @@ CHECKS = [
     check_bf16_inputs_are_upcast,
     check_combine_weighs_each_split_by_its_lse,
     check_split_k_decode_with_your_combine,
+    check_store_writes_each_token_at_its_slot,
+    check_store_skips_padding_slots,
+    check_store_follows_strides_and_masks_heads,
+    check_store_in_bf16,
+    check_store_on_random_pools,
+    check_prefill_of_whole_prompts_is_causal,
+    check_prefill_chunks_after_a_cached_prefix,
+    check_prefill_with_large_scores_and_bf16,
 ]
+
+PROGRESS: dict[str, str] = {
+    "2.6": "each pass of the key loop must move `first` on by BLOCK_N, from 0 up to the "
+    "tile's last visible key, never past the chunk's end",
+}
 
 HINTS: dict[str, tuple[str, str, str]] = {
     "2.1": (
@@ -377,5 +613,39 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "(a column, times the split stride) and the dims (a row); load with the 2-D mask "
         "and other=0.0; out: tl.sum over axis 0 of the weighted parts, over tl.sum of the "
         "weights.",
+    ),
+    "2.5": (
+        "Slot s of the pool is offset s % block_size inside physical block s // block_size; "
+        "the scheduler already chose each token's slot through its block table. Each "
+        "program copies one token's [Hkv, D] rows of K and of V there, and a padding "
+        "token (slot < 0) must store nothing at all.",
+        "Load this token's slot (as int64); build one [BLOCK_H, BLOCK_D] mask from the "
+        "heads, the dims and the slot's sign; compute the destination offset from the "
+        "block, the offset inside it, the heads and the dims with the cache's four "
+        "strides; load the token's K and V rows with their own strides, masked; store both, "
+        "converted to the cache's element type, under the same mask.",
+        "the mask combines heads < num_kv_heads, dims < head_dim and slot >= 0; the "
+        "destination adds (slot // block_size) times stride_cb, (slot % block_size) times "
+        "stride_cs, heads times stride_ch and dims times stride_cd; the source adds token "
+        "times stride_kt, heads times stride_kh and dims times stride_kd (the same for v "
+        "with its strides); .to(k_cache_ptr.dtype.element_ty) before tl.store.",
+    ),
+    "2.6": (
+        "A prefill chunk is many queries at once, at positions prefix, prefix + 1, ...: the "
+        "same online softmax as 2.3, one running max, sum and weighted values per query row, "
+        "plus the causal rule: a row sees the keys up to its own position, never the ones "
+        "after it.",
+        "Load the queries like 2.3 does, one row per query token of the tile (row "
+        "query_start + rows of q), then scale them. The keys to walk end at the tile's last "
+        "valid query position plus one (prefix plus "
+        "the smaller of the tile's end and query_len), or at 0 for a tile wholly past the "
+        "chunk. The KV head is head // GROUP. In the loop: the keys' validity, their blocks "
+        "from the table, masked K and V loads, the tl.dot scores, then -inf where the key is "
+        "invalid or past the row's position, then the update of 2.3 with exp2.",
+        "visible is key_valid[None, :] combined with keys[None, :] <= positions[:, None]; "
+        "the K and V offsets add, to the block (as tl.int64) times stride_cb and the offset "
+        "in the block times stride_cs, the KV head times stride_ch and the dims times "
+        "stride_cd; start m at -inf and l, acc at 0 with shapes [BLOCK_M] and [BLOCK_M, "
+        "BLOCK_D].",
     ),
 }

@@ -1,11 +1,12 @@
 """Checks for chapter 04 (chunked prefill and preemption), run against any module that
-defines `prefill_chunk` and `preemption_mode`: minserve's own, the solutions, or a
+defines `prefill_chunk`, `preemption_mode` and `HostSwapSpace`: minserve's own, the solutions, or a
 student's exercise file.
 
-The oracles are minserve's own functions (`minserve.scheduler.budget`,
-`minserve.scheduler.preemption`), the invariants of a step (never past the budget,
-decodes first), and minserve's real `Scheduler` run with your function plugged in, on a
-KV cache of a few 2-token blocks, the way the engine runs it.
+The oracles are minserve's own functions and class (`minserve.scheduler.budget`,
+`minserve.scheduler.preemption`, `minserve.kvcache.swap`), the invariants of a step (never
+past the budget, decodes first), and minserve's real `Scheduler` run with your function
+(or your swap space) plugged in, on a KV cache of a few 2-token blocks, the way the engine
+runs it.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
 from minserve.config import SchedulerConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
-from minserve.kvcache.swap import HostSwapSpace
+from minserve.kvcache.swap import HostSwapSpace, SwapSpaceFullError
+from minserve.messages import DropSwapped, SwapIn, SwapOut
 from minserve.request import Request
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler import budget as reference_budget
@@ -49,6 +51,21 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "bytes free in the swap space.",
         'the victim holds num_blocks * block_nbytes bytes; "swap" when that is at most '
         'swap_free_bytes, "recompute" when it is more.',
+    ),
+    "4.3": (
+        "The swap space is an account, not memory: for each swapped-out sequence it "
+        "remembers how many blocks it holds, and in bytes how much of the capacity is "
+        "used. Every refusal happens before anything changes.",
+        "can_swap_out compares used plus the new blocks' bytes with the capacity. swap_out: "
+        "refuse a key already there, refuse what does not fit, then record the key's block "
+        "count and add the bytes to used and to bytes_out, and return the SwapOut. swap_in: "
+        "check the block count against what went out, count the bytes in, release, return "
+        "the SwapIn. discard: release, return DropSwapped. _release: give the bytes back and "
+        "forget the key; num_blocks: the count, or KeyError.",
+        "the bytes of n blocks are n * self.block_nbytes; the dict self._blocks maps a key to "
+        "its block count; build the operations with a tuple of the blocks, e.g. "
+        "SwapOut(key, tuple(blocks)); swap_in and _release both call self.num_blocks(key), "
+        "which raises KeyError for a key that was never swapped out.",
     ),
 }
 
@@ -317,6 +334,199 @@ def check_the_engines_scheduler_swaps_or_recomputes_with_your_rule(impl: ModuleT
         )
 
 
+# --- exercise 4.3: the host swap space's accounting ---
+
+
+def _state(space) -> dict[str, int]:
+    """What a swap space's account holds: bytes used, copied out and in."""
+    return {name: getattr(space, name) for name in ("used_bytes", "bytes_out", "bytes_in")}
+
+
+def _expect_state(space, expected: dict[str, int], after: str) -> None:
+    got = _state(space)
+    assert got == expected, f"after {after}: expected {expected}, got {got}"
+
+
+def _expect_op(got: object, expected: object, call: str) -> None:
+    assert type(got) is type(expected) and got == expected, (
+        f"{call}: expected {expected!r}, got {got!r}"
+    )
+
+
+def check_swap_out_and_in_account_for_every_byte(impl: ModuleType) -> None:
+    """Swap space of 4 blocks of 1 KiB: out 2 blocks (2 KiB used), back into 2 fresh blocks"""
+    space = impl.HostSwapSpace(4 * BLOCK_NBYTES, BLOCK_NBYTES)
+    _expect_op(space.swap_out(7, [3, 5]), SwapOut(7, (3, 5)), "swap_out(7, [3, 5])")
+    _expect_state(
+        space, {"used_bytes": 2048, "bytes_out": 2048, "bytes_in": 0}, "swap_out(7, [3, 5])"
+    )
+    assert 7 in space and space.num_blocks(7) == 2, (
+        f"after swap_out(7, [3, 5]): expected 7 in the space with 2 blocks, got "
+        f"{7 in space} with {space.num_blocks(7) if 7 in space else 'none'}"
+    )
+    fits = [space.can_swap_out(n) for n in (0, 2, 3)]
+    assert fits == [True, True, False], (
+        f"2 of 4 blocks used: can_swap_out(0), (2), (3): expected [True, True, False], got {fits}"
+    )
+    _expect_op(space.swap_in(7, [0, 6]), SwapIn(7, (0, 6)), "swap_in(7, [0, 6])")
+    after = "swap_out(7, [3, 5]); swap_in(7, [0, 6])"
+    _expect_state(space, {"used_bytes": 0, "bytes_out": 2048, "bytes_in": 2048}, after)
+    assert 7 not in space, f"after {after}: 7 is back in the pool, expected it gone from the space"
+
+
+def check_a_full_swap_space_refuses_and_changes_nothing(impl: ModuleType) -> None:
+    """3 blocks of room: 2 then 2 more is refused (SwapSpaceFullError), 2 then 1 fills it exactly"""
+    space = impl.HostSwapSpace(3 * BLOCK_NBYTES, BLOCK_NBYTES)
+    space.swap_out(1, [0, 1])
+    try:
+        got = space.swap_out(2, [2, 3])
+    except SwapSpaceFullError:
+        pass
+    else:
+        raise AssertionError(
+            f"2 of 3 blocks used, swap_out(2, [2, 3]): expected SwapSpaceFullError, got {got!r}"
+        )
+    after = "swap_out(1, [0, 1]) and a refused swap_out(2, [2, 3])"
+    _expect_state(space, {"used_bytes": 2048, "bytes_out": 2048, "bytes_in": 0}, after)
+    assert 2 not in space, f"after {after}: expected 2 not swapped out (all or nothing)"
+    _expect_op(space.swap_out(2, [4]), SwapOut(2, (4,)), "2 of 3 blocks used, swap_out(2, [4])")
+    _expect_state(space, {"used_bytes": 3072, "bytes_out": 3072, "bytes_in": 0}, "filling it")
+
+
+def check_discard_frees_the_room_without_copying_back(impl: ModuleType) -> None:
+    """discard (an aborted request): its bytes are free again, bytes_in unchanged"""
+    space = impl.HostSwapSpace(4 * BLOCK_NBYTES, BLOCK_NBYTES)
+    space.swap_out(1, [0, 1, 2])
+    space.swap_out(2, [3])
+    _expect_op(space.discard(1), DropSwapped(1), "discard(1)")
+    after = "swap_out(1, [0, 1, 2]); swap_out(2, [3]); discard(1)"
+    _expect_state(space, {"used_bytes": 1024, "bytes_out": 4096, "bytes_in": 0}, after)
+    assert 1 not in space and 2 in space, (
+        f"after {after}: expected only 2 swapped out, got 1: {1 in space}, 2: {2 in space}"
+    )
+
+
+def _raises(call: Callable[[], object], error: type[Exception], what: str) -> None:
+    try:
+        got = call()
+    except error:
+        return
+    except Exception as other:  # noqa: BLE001  (the message names what came instead)
+        raise AssertionError(f"{what}: expected {error.__name__}, got {other!r}") from None
+    raise AssertionError(f"{what}: expected {error.__name__}, got {got!r}")
+
+
+def check_the_swap_space_refuses_what_it_cannot_account_for(impl: ModuleType) -> None:
+    """Swapped out twice, swapped in with 1 block of 2, or unknown: ValueError, KeyError"""
+    space = impl.HostSwapSpace(8 * BLOCK_NBYTES, BLOCK_NBYTES)
+    space.swap_out(1, [0, 1])
+    _raises(lambda: space.swap_out(1, [2]), ValueError, "swap_out(1, [0, 1]); swap_out(1, [2])")
+    _raises(lambda: space.swap_in(1, [5]), ValueError, "swap_out(1, [0, 1]); swap_in(1, [5])")
+    _expect_state(space, {"used_bytes": 2048, "bytes_out": 2048, "bytes_in": 0}, "both refusals")
+    for call, what in [
+        (lambda: space.swap_in(9, [0]), "swap_in(9, [0])"),
+        (lambda: space.discard(9), "discard(9)"),
+        (lambda: space.num_blocks(9), "num_blocks(9)"),
+    ]:
+        _raises(call, KeyError, f"9 never swapped out, {what}")
+
+
+SwapCall = tuple[str, int, int]  # (method, sequence id, number of blocks)
+swap_calls = st.lists(
+    st.tuples(
+        st.sampled_from(["swap_out", "swap_in", "discard", "can_swap_out"]),
+        st.integers(0, 3),
+        st.integers(0, 4),
+    ),
+    max_size=12,
+)
+
+
+def _call(space, method: str, key: int, n: int, first_block: int) -> object:
+    """One call on a swap space; an exception is returned as its type, to compare."""
+    blocks = list(range(first_block, first_block + n))
+    try:
+        if method == "can_swap_out":
+            return space.can_swap_out(n)
+        if method == "discard":
+            return space.discard(key)
+        return getattr(space, method)(key, blocks)
+    except (SwapSpaceFullError, ValueError, KeyError) as error:
+        return type(error)
+
+
+def _show(calls: list[SwapCall]) -> str:
+    return "; ".join(
+        f"{m}({k})" if m == "discard" else f"{m}({k}, {n} blocks)" for m, k, n in calls
+    )
+
+
+def check_random_swaps_match_minserve(impl: ModuleType) -> None:
+    """Random swap-outs, swap-ins, discards in a 6-block swap space: the same ops and bytes"""
+
+    def replay(calls: list[SwapCall]) -> None:
+        yours = impl.HostSwapSpace(6 * BLOCK_NBYTES, BLOCK_NBYTES)
+        ours = HostSwapSpace(6 * BLOCK_NBYTES, BLOCK_NBYTES)
+        for i, (method, key, n) in enumerate(calls):
+            done = f"{_show(calls[: i + 1])} (a swap space of 6 blocks)"
+            expected, got = (
+                _call(ours, method, key, n, 10 * i),
+                _call(yours, method, key, n, 10 * i),
+            )
+            assert got == expected, f"{done}: the last call expected {expected!r}, got {got!r}"
+            _expect_state(yours, _state(ours), done)
+            held = {k: (k in yours) for k in range(4)}
+            assert held == {k: (k in ours) for k in range(4)}, (
+                f"{done}: expected swapped out {sorted(k for k in range(4) if k in ours)}, "
+                f"got {sorted(k for k, h in held.items() if h)}"
+            )
+
+    replay([("swap_out", 0, 2), ("swap_in", 0, 2)])  # a stub raises here at once
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True,
+              verbosity=Verbosity.quiet, report_multiple_bugs=False,
+              suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+    @given(swap_calls)
+    def same_ops_and_bytes(calls: list[SwapCall]) -> None:
+        replay(calls)
+
+    same_ops_and_bytes()
+
+
+check_random_swaps_match_minserve.time_limit_factor = 3
+
+
+def check_the_engines_scheduler_swaps_through_your_space(impl: ModuleType) -> None:
+    """minserve's scheduler and KV cache on your swap space: the victim's 2 blocks out, then in"""
+    swap = impl.HostSwapSpace(2 * BLOCK_NBYTES, BLOCK_NBYTES)
+    kv = KVCacheManager(BlockAllocator(6), BLOCK_SIZE, swap)
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=16), kv)
+    for arrival, name in enumerate("abc"):
+        _make_running(scheduler, _sequence(kv, name, 4, arrival), decoding=True)
+    victim_blocks = tuple(scheduler.running[-1].block_table.blocks)
+    plan = scheduler.plan()
+    (victim,) = plan.preempted
+    ops = [op for op in kv.take_block_ops() if isinstance(op, SwapOut | SwapIn)]
+    expected = [SwapOut(victim.seq_id, victim_blocks)]
+    assert victim in scheduler.swapped and ops == expected, (
+        f"three decodes of 2 blocks each in a 6-block pool, swap space for 2 blocks: expected "
+        f"the newest swapped out, {expected}, got {ops} (queue: "
+        f"{'swapped' if victim in scheduler.swapped else 'waiting'})"
+    )
+    _expect_state(swap, {"used_bytes": 2048, "bytes_out": 2048, "bytes_in": 0}, "the swap-out")
+    for seq in list(scheduler.running):  # the others finish: their blocks come free
+        scheduler.running.remove(seq)
+        kv.free(seq.block_table)
+    scheduler.plan()
+    ops = [op for op in kv.take_block_ops() if isinstance(op, SwapOut | SwapIn)]
+    back = tuple(victim.block_table.blocks[:2])  # then the step's decode may take a third
+    assert ops == [SwapIn(victim.seq_id, back)] and victim in scheduler.running, (
+        f"the next step, with the pool free: expected [SwapIn({victim.seq_id}, {back})] and the "
+        f"victim running, got {ops}"
+    )
+    _expect_state(swap, {"used_bytes": 0, "bytes_out": 2048, "bytes_in": 2048}, "the swap-in")
+
+
 CHECKS = [
     check_what_fits_runs_whole,
     check_a_prompt_too_long_takes_a_chunk_of_what_is_left,
@@ -329,4 +539,10 @@ CHECKS = [
     check_a_victim_without_blocks_is_recomputed,
     check_the_rule_matches_minserve_on_random_victims,
     check_the_engines_scheduler_swaps_or_recomputes_with_your_rule,
+    check_swap_out_and_in_account_for_every_byte,
+    check_a_full_swap_space_refuses_and_changes_nothing,
+    check_discard_frees_the_room_without_copying_back,
+    check_the_swap_space_refuses_what_it_cannot_account_for,
+    check_random_swaps_match_minserve,
+    check_the_engines_scheduler_swaps_through_your_space,
 ]
