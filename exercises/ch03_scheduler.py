@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: 7d448abc6c61 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 873c73c37328 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
@@ -244,33 +244,15 @@ class Scheduler:
         The one writer of `num_computed_tokens`: chunks become computed (and their full
         blocks cached), accepted drafts too (rejected drafts' slots are rolled back), a
         finished prefill forks into its n samples, sampled tokens are appended with the
-        token stop rules, and finished sequences free their blocks. Returns each sample's
-        new tokens, in batch order.
+        token stop rules, and finished sequences free their blocks (`advance_sequences`,
+        exercise 3.2). Returns each sample's new tokens, in batch order.
         """
         if self.drafts is not None and runner_output.timings is not None:
             timings = runner_output.timings
             self.drafts.record_costs(
                 runner_output.num_draft_rounds, timings.propose, timings.forward
             )
-        new_tokens: list[NewTokens] = []
-        for chunk in scheduler_output.chunks:
-            seq = self.seqs.get(chunk.seq_id)
-            if seq is None:  # aborted since the step was scheduled
-                continue
-            self._record_cache_hit(seq, chunk.start)
-            seq.num_computed_tokens = chunk.start + chunk.num_new_tokens
-            if self.kv.prefix_cache is not None:  # blocks this step filled join the cache
-                self.kv.cache_computed(seq.block_table, seq.token_ids, seq.num_computed_tokens)
-            sampled = runner_output.sampled.get(chunk.seq_id)
-            if sampled is None:  # a prompt chunk that is not the last one
-                continue
-            family = [seq, *self.fork(seq)] if seq.unforked else [seq]
-            num_drafts = runner_output.num_drafts.get(chunk.seq_id, 0)
-            for member, tokens in zip(family, sampled, strict=True):
-                if self.drafts is not None:
-                    self._accept_drafts(member, num_drafts, tokens, chunk.num_draft_slots)
-                    num_drafts = 0  # siblings forked this step never speculate
-                new_tokens.append(self._append(member, tokens))
+        new_tokens = advance_sequences(self, scheduler_output, runner_output)
         if self.drafts is not None:
             self.drafts.release_finished()
         return new_tokens
@@ -293,27 +275,6 @@ class Scheduler:
         seq.num_computed_tokens += num_accepted
         if num_draft_slots:
             self.kv.truncate(seq.block_table, seq.num_computed_tokens)
-
-    def _append(self, seq: Sequence, tokens: SampledTokens) -> NewTokens:
-        """Append sampled tokens until a stop rule ends the sequence (a stop may come inside
-        accepted drafts: the tokens after it are dropped)."""
-        sample, kept = seq.sample, 0
-        for token in tokens.token_ids:
-            sample.append(token, self.rules)
-            kept += 1
-            if sample.finished:
-                self.finish(seq)
-                break
-        self.stats.num_generation_tokens += kept
-        return NewTokens(
-            request_id=seq.request_id,
-            index=sample.index,
-            token_ids=tokens.token_ids[:kept],
-            logprobs=tokens.logprobs[:kept],
-            finish_reason=sample.finish_reason,
-            stop_reason=sample.stop_reason,
-            num_cached_tokens=seq.request.num_cached_tokens or 0,
-        )
 
     def stop_sample(self, request_id: str, index: int) -> None:
         """A stop string ended this sample (the output processor found it): finish it."""
@@ -343,7 +304,7 @@ class Scheduler:
         `num_computed` > 0 its first tokens' KV arrives from there, so blocks are allocated
         for them now (the caller fills `seq.block_table`) and the next step decodes.
         Returns the first token as new tokens (the output processor's text starts there)."""
-        first = self._append(seq, SampledTokens((first_token,), (None,)))
+        first = append_sampled(self, seq, SampledTokens((first_token,), (None,)))
         if seq.status is SeqStatus.FINISHED or num_computed == 0:
             return first
         if not self.kv.can_append(seq.block_table, num_computed):
@@ -371,3 +332,41 @@ class Scheduler:
         """Finish every sequence of a request, wherever it is; its blocks are freed."""
         for seq in [s for s in self.seqs.values() if s.request_id == request_id]:
             self.finish(seq)
+
+
+# Exercise 3.2: update_from_output(): move each sequence on by what the step produced
+def advance_sequences(
+    scheduler: Scheduler, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+) -> list[NewTokens]:
+    """Move every scheduled sequence on by what the step computed and sampled.
+
+    For each chunk of `scheduler_output.chunks`, in order: skip it when its sequence is
+    gone (`scheduler.seqs.get(chunk.seq_id)` is None: aborted meanwhile). Otherwise note
+    the request's prefix-cache hit (`scheduler._record_cache_hit(seq, chunk.start)`), mark
+    the chunk's tokens computed (`seq.num_computed_tokens` becomes the chunk's end) and,
+    with a prefix cache (`scheduler.kv.prefix_cache`), cache the blocks they filled
+    (`scheduler.kv.cache_computed(seq.block_table, seq.token_ids, num_computed)`). A chunk
+    with no entry in `runner_output.sampled` was a prompt chunk before the last: nothing
+    was sampled. Otherwise its sequence (and, after a prefill with n > 1, the siblings
+    `scheduler.fork(seq)` creates, in that order) each get one `SampledTokens`. With
+    speculative decoding (`scheduler.drafts`), each member first accepts its drafts
+    (`scheduler._accept_drafts(member, num_drafts, tokens, chunk.num_draft_slots)`, where
+    `num_drafts` is `runner_output.num_drafts.get(seq_id, 0)` for the first member and 0
+    for the siblings); then its tokens are appended with `append_sampled`. Returns the
+    `NewTokens` of every member, in batch order.
+    """
+    raise NotImplementedError("Exercise 3.2: update_from_output(): move each sequence on by what the step produced")
+
+
+def append_sampled(scheduler: Scheduler, seq: Sequence, tokens: SampledTokens) -> NewTokens:
+    """Append sampled tokens to `seq.sample` one at a time, with the stop rules.
+
+    `seq.sample.append(token, scheduler.rules)` adds one token and checks EOS, stop token
+    ids, max_tokens and the model's length limit; once `seq.sample.finished`, the sequence
+    is done: `scheduler.finish(seq)` frees its blocks, and the tokens after the stop (a
+    stop may come inside accepted drafts) are dropped. Add the tokens kept to
+    `scheduler.stats.num_generation_tokens`. Returns them as `NewTokens` (with their
+    logprobs, the sample's index, finish and stop reasons, and the request's
+    `num_cached_tokens`, 0 when None).
+    """
+    raise NotImplementedError("Exercise 3.2: update_from_output(): move each sequence on by what the step produced")

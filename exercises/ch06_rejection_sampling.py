@@ -1,8 +1,8 @@
 # Your workspace for chapter 06 (Sampling and speculative decoding): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 06` from the repository root.
-# Generated from minserve/speculative/verify.py, minserve/speculative/ngram.py by `python -m minserve.course.generate`.
-# stub fingerprint: 7c3c02d8e5eb (lets the generator tell your edits from a stale stub)
+# Generated from minserve/speculative/verify.py, minserve/speculative/ngram.py, minserve/speculative/draft_length.py by `python -m minserve.course.generate`.
+# stub fingerprint: ef59addd470e (lets the generator tell your edits from a stale stub)
 """Chapter 06, Sampling and speculative decoding: verifying a draft distribution,
 and proposing drafts by prompt lookup.
 
@@ -11,14 +11,28 @@ and, at the first rejection, draws from the residual max(0, p - q) normalised, s
 every token returned is distributed exactly as p (Leviathan et al., Chen et al.).
 The n-gram proposer guesses the tokens that followed the latest earlier match of
 the last n tokens; plug it in with `LLM(speculative_config={"method": "ngram",
-"num_speculative_tokens": 4, "proposer_cls": NgramProposer})`.
+"num_speculative_tokens": 4, "proposer_cls": NgramProposer})`. The adaptive
+draft length picks, per request, the g in [1, k] with the best expected speedup
+at its running acceptance rate; plug your `DraftLengths` in with
+`speculative_config={..., "draft_length": "adaptive", "draft_lengths_cls":
+DraftLengths}`.
 """
+
+from collections.abc import Hashable
+from dataclasses import dataclass
 
 import torch
 
 from minserve.messages import ScheduledChunk
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.draft import Draft
+from minserve.speculative.draft_length import (
+    DECAY,
+    PRIOR_RATE,
+    PRIOR_WEIGHT,
+    TOLERANCE,
+    expected_speedup,
+)
 
 
 # Exercise 6.1: the residual distribution
@@ -88,3 +102,55 @@ class NgramProposer:
         matches winning: a longer matching context is a better predictor. n never exceeds
         len(token_ids) - 1 (an earlier match needs room). [] when no n matches."""
         raise NotImplementedError("Exercise 6.4: the n-gram proposer (prompt lookup)")
+
+
+# Exercise 6.5: the adaptive draft length
+def best_draft_length(a: float, c: float, k: int) -> int:
+    """The shortest g in [1, k] whose expected speedup `expected_speedup(a, g, c)` is within
+    TOLERANCE of the best one: at least (1 - TOLERANCE) times the largest S(g)."""
+    raise NotImplementedError("Exercise 6.5: the adaptive draft length")
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Discounted counts of one request's drafts: a = accepted / tested."""
+
+    accepted: float = PRIOR_RATE * PRIOR_WEIGHT
+    tested: float = PRIOR_WEIGHT
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.tested
+
+    def observe(self, num_drafts: int, num_accepted: int) -> None:
+        """Drafts are tested in order until the first rejection: the accepted ones, plus the
+        rejected one if any (drafts after it were never tested). Both counts decay by DECAY
+        before this step's are added, so recent steps weigh most."""
+        raise NotImplementedError("Exercise 6.5: the adaptive draft length")
+
+
+class DraftLengths:
+    """How many drafts each sequence may get this step (before the engine's own limits).
+
+    mode "fixed": always k. "adaptive": each sequence's own `AcceptanceEstimate` (made on
+    first use), and the best draft length at its rate. Plug your class into the engine
+    with `speculative_config={..., "draft_length": "adaptive", "draft_lengths_cls": ...}`.
+    """
+
+    def __init__(self, mode: str, k: int) -> None:
+        self.adaptive = mode == "adaptive"
+        self.k = k
+        self.estimates: dict[Hashable, AcceptanceEstimate] = {}  # adaptive only, by sequence
+
+    def length(self, seq: Hashable, cost_ratio: float) -> int:
+        """Drafts for `seq` this step, at draft cost ratio `cost_ratio`."""
+        raise NotImplementedError("Exercise 6.5: the adaptive draft length")
+
+    def observe(self, seq: Hashable, num_drafts: int, num_accepted: int) -> None:
+        """`seq` had `num_drafts` drafts verified, `num_accepted` of them kept (adaptive
+        mode only, and only when it drafted at all)."""
+        raise NotImplementedError("Exercise 6.5: the adaptive draft length")
+
+    def forget(self, seq: Hashable) -> None:
+        """A finished or aborted sequence: its estimate goes."""
+        self.estimates.pop(seq, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_engine import assert_all_blocks_free, random_workload, token_ids
 
-from minserve import LLM
+from minserve import LLM, SamplingParams
 
 
 def test_the_solutions_scheduler_gives_the_default_engines_tokens(tiny_model) -> None:
@@ -22,6 +22,40 @@ def test_the_solutions_scheduler_gives_the_default_engines_tokens(tiny_model) ->
     assert metrics["num_preemptions"] == default_metrics["num_preemptions"] > 0
     assert metrics["num_steps"] == default_metrics["num_steps"]
     assert_all_blocks_free(plugged.engine)
+
+
+def test_the_solutions_step_update_gives_the_default_engines_outputs(tiny_model) -> None:
+    """Exercise 3.2 drives every update: stop tokens, n > 1 forks, drafts, cached prefixes."""
+    import solutions.ch03_scheduler as student
+
+    prompts, _ = random_workload(12, seed=5, vocab=64)
+    prompts = [p * 3 for p in prompts]  # repeats, so the n-gram proposer has drafts to offer
+    params = [
+        SamplingParams(temperature=0, max_tokens=12, n=1 + i % 2, stop_token_ids=[i % 7 + 3])
+        for i in range(len(prompts))
+    ]
+    options = dict(
+        block_size=4,
+        num_blocks=64,
+        max_num_batched_tokens=32,
+        enable_prefix_caching=True,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+    )
+
+    def outputs(llm: LLM) -> list[tuple]:
+        results = llm.generate(prompts * 2, params * 2, use_tqdm=False)
+        return [(c.token_ids, c.finish_reason) for out in results for c in out.outputs]
+
+    default = LLM(tiny_model("llama"), **options)
+    plugged = LLM(tiny_model("llama"), scheduler_cls=student.Scheduler, **options)
+    assert outputs(plugged) == outputs(default)
+    metrics, default_metrics = plugged.get_metrics(), default.get_metrics()
+    for key in ("num_generation_tokens", "num_steps", "num_accepted_tokens"):
+        if key in default_metrics:
+            assert metrics[key] == default_metrics[key], key
+    # the prefix cache keeps its blocks; the same ones are free either way
+    free = [llm.engine.kv.allocator.num_free for llm in (plugged, default)]
+    assert free[0] == free[1] and not plugged.engine.scheduler.has_unfinished
 
 
 def test_an_llm_can_share_an_already_loaded_model(tiny_model) -> None:

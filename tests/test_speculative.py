@@ -108,6 +108,22 @@ def test_greedy_identity(model, workload, expected, options, method) -> None:
         assert metrics["num_free_blocks"] + metrics["prefix_cache_blocks"] == metrics["num_blocks"]
 
 
+def test_the_solutions_draft_lengths_give_minserves_adaptive_run(model, workload, expected):
+    """Exercise 6.5 plugged in: the same tokens, drafts and acceptances as minserve's own."""
+    from solutions.ch06_rejection_sampling import DraftLengths
+
+    adaptive = {**NGRAM, "draft_length": "adaptive"}
+    default = LLM(model, speculative_config=adaptive)
+    plugged = LLM(model, speculative_config={**adaptive, "draft_lengths_cls": DraftLengths})
+    assert isinstance(plugged.engine.scheduler.drafts.lengths, DraftLengths)
+    assert token_ids(plugged.generate(*workload, use_tqdm=False)) == expected
+    default.generate(*workload, use_tqdm=False)
+    keys = ("spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+    metrics, default_metrics = plugged.get_metrics(), default.get_metrics()
+    assert [metrics[k] for k in keys] == [default_metrics[k] for k in keys]
+    assert metrics["spec_decode_num_draft_tokens"] > 0
+
+
 def test_greedy_identity_against_the_reference_path(model, workload, expected) -> None:
     reference = LLM(model, engine="reference")
     assert token_ids(reference.generate(*workload, use_tqdm=False)) == expected
@@ -190,6 +206,7 @@ def test_aborts_leave_every_block_free(model, workload, method) -> None:
         ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model'"),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, "lookup_min"),
         ({**NGRAM, "proposer_cls": 3}, "proposer_cls must be a class"),
+        ({**NGRAM, "draft_lengths_cls": 3}, "draft_lengths_cls must be a class"),
         (
             {"method": "early_exit", "num_speculative_tokens": 2, "proposer_cls": NgramProposer},
             "proposer_cls applies to method 'ngram'",

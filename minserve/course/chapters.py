@@ -214,7 +214,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="speculative_decoding",
         title="Sampling and speculative decoding",
         module="ch06_rejection_sampling",
-        sources=("speculative/verify.py", "speculative/ngram.py"),
+        sources=("speculative/verify.py", "speculative/ngram.py", "speculative/draft_length.py"),
         header=(
             '"""Chapter 06, Sampling and speculative decoding: verifying a draft distribution,\n'
             "and proposing drafts by prompt lookup.\n\n"
@@ -223,12 +223,25 @@ CHAPTERS: tuple[Chapter, ...] = (
             "every token returned is distributed exactly as p (Leviathan et al., Chen et al.).\n"
             "The n-gram proposer guesses the tokens that followed the latest earlier match of\n"
             'the last n tokens; plug it in with `LLM(speculative_config={"method": "ngram",\n'
-            '"num_speculative_tokens": 4, "proposer_cls": NgramProposer})`.\n'
+            '"num_speculative_tokens": 4, "proposer_cls": NgramProposer})`. The adaptive\n'
+            "draft length picks, per request, the g in [1, k] with the best expected speedup\n"
+            "at its running acceptance rate; plug your `DraftLengths` in with\n"
+            '`speculative_config={..., "draft_length": "adaptive", "draft_lengths_cls":\n'
+            "DraftLengths}`.\n"
             '"""\n\n'
+            "from collections.abc import Hashable\n"
+            "from dataclasses import dataclass\n\n"
             "import torch\n\n"
             "from minserve.messages import ScheduledChunk\n"
             "from minserve.speculative.config import SpeculativeConfig\n"
             "from minserve.speculative.draft import Draft\n"
+            "from minserve.speculative.draft_length import (\n"
+            "    DECAY,\n"
+            "    PRIOR_RATE,\n"
+            "    PRIOR_WEIGHT,\n"
+            "    TOLERANCE,\n"
+            "    expected_speedup,\n"
+            ")\n"
         ),
         checks="minserve.course.checks_ch06",
     ),

@@ -9,10 +9,16 @@ between steps: the scheduled tokens are computed, and a sequence whose tokens ar
 computed samples one more. The last check is randomized (hypothesis): random arrivals,
 prompt and output lengths, pool sizes, budgets and seats, your scheduler and minserve's
 side by side, batch for batch.
+
+The checks of exercise 3.2 drive minserve's own scheduler and hand the step's result to
+your `advance_sequences` (and `append_sampled`): the worker's part is played here, with
+sampled tokens chosen at random, and your update must leave every sequence, block and
+counter as minserve's does.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -23,11 +29,15 @@ from hypothesis import strategies as st
 from minserve.config import SchedulerConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
-from minserve.request import Request
+from minserve.kvcache.radix_cache import RadixCache
+from minserve.messages import ModelRunnerOutput, NewTokens, SampledTokens, SchedulerOutput
+from minserve.request import Request, StopRules
 from minserve.sampling_params import SamplingParams
+from minserve.scheduler.draft_planner import DraftPlanner
 from minserve.scheduler.scheduler import Scheduler as ReferenceScheduler
 from minserve.scheduler.scheduler import StepPlan
 from minserve.scheduler.sequence import SeqStatus, Sequence
+from minserve.speculative.config import SpeculativeConfig
 
 BLOCK_SIZE = 2
 Batch = list[tuple[str, int]]
@@ -357,6 +367,297 @@ def check_random_workloads_match_minserves_scheduler(impl: ModuleType) -> None:
 check_random_workloads_match_minserves_scheduler.time_limit_factor = 3  # type: ignore[attr-defined]
 
 
+# --- exercise 3.2: the step's result, on minserve's scheduler ------------------------------
+
+EOS = 0
+
+
+def _reference(
+    num_blocks: int = 32, budget: int = 64, max_model_len: int = 1 << 30, **kv_options: Any
+) -> ReferenceScheduler:
+    """minserve's scheduler, EOS token 0, over a fresh KV cache (your 3.2 moves it on)."""
+    kv = KVCacheManager(BlockAllocator(num_blocks), BLOCK_SIZE, **kv_options)
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget)
+    return ReferenceScheduler(config, kv, StopRules((EOS,), max_model_len))
+
+
+def _decoding(scheduler: ReferenceScheduler, name: str, params: SamplingParams) -> Sequence:
+    """A one-sample request with a 3-token prompt, prefilled and decoding (1 output token)."""
+    request = Request.create(name, [1, 2, 3], params, 0.0)
+    seq = Sequence(request, request.samples[0], scheduler.kv.new_table())
+    request.num_cached_tokens = 0
+    seq.sample.token_ids.append(9)
+    scheduler.kv.append(seq.block_table, 4)
+    seq.num_computed_tokens = 4
+    seq.status = SeqStatus.RUNNING
+    scheduler.running.append(seq)
+    scheduler.seqs[seq.seq_id] = seq
+    return seq
+
+
+def _appended(
+    impl: ModuleType, params: SamplingParams, tokens: tuple[int, ...]
+) -> tuple[NewTokens, Sequence, ReferenceScheduler]:
+    scheduler = _reference(num_blocks=8)
+    seq = _decoding(scheduler, "a", params)
+    new = impl.append_sampled(scheduler, seq, SampledTokens(tokens, (None,) * len(tokens)))
+    return new, seq, scheduler
+
+
+def _assert_new_tokens(got: NewTokens, expected: tuple, what: str) -> None:
+    fields = (got.token_ids, got.finish_reason, got.stop_reason)
+    assert fields == expected, (
+        f"{what}: expected (token_ids, finish_reason, stop_reason) == {expected}, got {fields}"
+    )
+
+
+def check_a_stop_token_among_accepted_drafts_ends_the_sequence(impl: ModuleType) -> None:
+    """Tokens (3, 5, 4) with stop token 5: (3, 5) are kept, "stop", and the blocks are freed."""
+    params = SamplingParams(stop_token_ids=[5])
+    new, seq, scheduler = _appended(impl, params, (3, 5, 4))
+    _assert_new_tokens(new, ((3, 5), "stop", 5), "stop_token_ids=[5], tokens (3, 5, 4)")
+    state = (seq.status.value, seq.sample.token_ids, scheduler.kv.allocator.num_free)
+    assert state == ("finished", [9, 3, 5], 8), (
+        "after the stop: expected (status, sample.token_ids, free blocks of 8) == "
+        f"('finished', [9, 3, 5], 8), got {state}"
+    )
+    counted = scheduler.stats.num_generation_tokens
+    assert counted == 2, f"expected stats.num_generation_tokens == 2 (tokens kept), got {counted}"
+
+
+def check_eos_and_max_tokens_end_a_sequence(impl: ModuleType) -> None:
+    """EOS ends a sample with "stop" (stop_reason None); max_tokens ends it with "length"."""
+    new, _, _ = _appended(impl, SamplingParams(), (4, EOS, 6))
+    _assert_new_tokens(new, ((4, EOS), "stop", None), f"EOS is {EOS}, tokens (4, {EOS}, 6)")
+    new, seq, _ = _appended(impl, SamplingParams(max_tokens=3), (4, 5, 6))
+    _assert_new_tokens(
+        new, ((4, 5), "length", None), "max_tokens=3, 1 token so far, tokens (4, 5, 6)"
+    )
+    new, seq, _ = _appended(impl, SamplingParams(max_tokens=9), (4, 5))
+    _assert_new_tokens(new, ((4, 5), None, None), "max_tokens=9, tokens (4, 5)")
+    assert seq.status is SeqStatus.RUNNING, (
+        f"a sample that did not stop: expected it still RUNNING, got {seq.status.value}"
+    )
+
+
+def _sampled(out: SchedulerOutput, tokens: dict[str, list[int]]) -> ModelRunnerOutput:
+    """The worker's answer: for each sampling chunk, one token per sample, from `tokens`."""
+    sampled = {
+        chunk.seq_id: tuple(
+            SampledTokens((tokens[chunk.request_id].pop(0),), (None,)) for _ in chunk.samples
+        )
+        for chunk in out.chunks
+        if chunk.samples
+    }
+    return ModelRunnerOutput(sampled=sampled)
+
+
+def check_prompt_chunks_advance_and_a_finished_prefill_forks(impl: ModuleType) -> None:
+    """A prompt chunk only advances; the last chunk of an n=2 request forks and samples twice."""
+    scheduler = _reference(budget=6)
+    request = Request.create("pair", list(range(1, 11)), SamplingParams(n=2), 0.0)
+    first, sibling = request.samples
+    scheduler.add(Sequence(request, first, scheduler.kv.new_table(), unforked=[sibling]))
+    steps = []
+    for step in range(2):
+        out = scheduler.schedule()
+        new = impl.advance_sequences(scheduler, out, _sampled(out, {"pair": [4, 7]}))
+        steps.append([(t.index, t.token_ids) for t in new])
+        if step == 0:
+            seq = scheduler.running[0]
+            assert (seq.num_computed_tokens, steps[0]) == (6, []), (
+                "a 10-token prompt, budget 6, after step 0: expected 6 tokens computed and no "
+                f"new tokens, got {seq.num_computed_tokens} computed and {steps[0]}"
+            )
+    assert steps[1] == [(0, (4,)), (1, (7,))], (
+        "step 1 finishes the prompt of an n=2 request: expected new tokens "
+        f"[(0, (4,)), (1, (7,))] (index, token_ids), one per sample, got {steps[1]}"
+    )
+    samples = sorted(
+        (s.sample.index, s.num_computed_tokens, s.sample.token_ids) for s in scheduler.running
+    )
+    assert samples == [(0, 10, [4]), (1, 10, [7])], (
+        "after the fork: expected two running sequences (index, computed, tokens) "
+        f"[(0, 10, [4]), (1, 10, [7])], got {samples}"
+    )
+
+
+def check_an_aborted_sequence_is_skipped(impl: ModuleType) -> None:
+    """A sequence aborted between schedule and update gets no tokens, and the others do."""
+    scheduler = _reference()
+    for name in ["a", "b"]:
+        scheduler.add(_sequence(scheduler, name, prompt_len=3, arrival=0))
+    out = scheduler.schedule()
+    scheduler.abort_request("a")
+    new = impl.advance_sequences(scheduler, out, _sampled(out, {"a": [4], "b": [5]}))
+    got = [(t.request_id, t.token_ids) for t in new]
+    assert got == [("b", (5,))], (
+        f"'a' aborted after the step was scheduled: expected [('b', (5,))], got {got}"
+    )
+
+
+@dataclass(frozen=True)
+class ResultCase:
+    """Requests as (arrival step, prompt, n, max_tokens, stop token ids, min_tokens), the
+    pool, and the worker's random state (a seed value) for sampled tokens and drafts."""
+
+    num_blocks: int
+    budget: int
+    max_model_len: int
+    prefix_cache: bool
+    speculate: int  # 0: no drafts; else k
+    requests: tuple[tuple[int, tuple[int, ...], int, int, tuple[int, ...], int], ...]
+    worker_seed: int
+
+    def __str__(self) -> str:
+        requests = "; ".join(
+            f"r{i}: step {a}, prompt {list(p)}, n={n}, max_tokens={m}, stop {list(s)}, "
+            f"min_tokens={mt}"
+            for i, (a, p, n, m, s, mt) in enumerate(self.requests)
+        )
+        return (
+            f"{self.num_blocks} blocks of {BLOCK_SIZE}, budget {self.budget}, max_model_len "
+            f"{self.max_model_len}, prefix cache {self.prefix_cache}, k={self.speculate}, "
+            f"EOS {EOS}, worker seed value {self.worker_seed}; {requests}"
+        )
+
+
+@st.composite
+def result_cases(draw: st.DrawFn) -> ResultCase:
+    tokens = st.integers(0, 4)
+    request = st.tuples(
+        st.integers(0, 3),
+        st.lists(st.integers(1, 3), min_size=1, max_size=7).map(tuple),
+        st.integers(1, 2),
+        st.integers(1, 5),
+        st.lists(tokens, max_size=2).map(tuple),
+        st.integers(0, 2),
+    )
+    return ResultCase(
+        num_blocks=draw(st.integers(12, 24)),
+        budget=draw(st.integers(2, 12)),
+        max_model_len=draw(st.sampled_from([8, 10, 64])),
+        prefix_cache=draw(st.booleans()),
+        speculate=draw(st.sampled_from([0, 0, 2, 3])),
+        requests=tuple(draw(st.lists(request, min_size=1, max_size=5))),
+        worker_seed=draw(st.integers(0, 2**16)),
+    )
+
+
+class _Worker:
+    """Plays the worker: random tokens (EOS and stop tokens among them), drafts verified
+    in the reserved slots and a random number of them accepted."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def run(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        sampled, num_drafts = {}, {}
+        for chunk in out.chunks:
+            if not chunk.samples:
+                continue
+            drafts = self.rng.randint(0, chunk.num_draft_slots)
+            accepted = self.rng.randint(0, drafts)
+            if drafts:
+                num_drafts[chunk.seq_id] = drafts
+            rows = []
+            for i in range(len(chunk.samples)):
+                n = 1 + (accepted if i == 0 else 0)
+                ids = tuple(self.rng.randint(0, 4) for _ in range(n))
+                rows.append(SampledTokens(ids, (None,) * n))
+            sampled[chunk.seq_id] = tuple(rows)
+        return ModelRunnerOutput(sampled=sampled, num_drafts=num_drafts)
+
+
+def _result_scheduler(case: ResultCase) -> ReferenceScheduler:
+    allocator = BlockAllocator(case.num_blocks)
+    cache = RadixCache(BLOCK_SIZE, allocator) if case.prefix_cache else None
+    kv = KVCacheManager(allocator, BLOCK_SIZE, prefix_cache=cache)
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=case.budget)
+    drafts = None
+    if case.speculate:
+        drafts = DraftPlanner(SpeculativeConfig("ngram", case.speculate))
+    return ReferenceScheduler(config, kv, StopRules((EOS,), case.max_model_len), drafts)
+
+
+def _state(scheduler: ReferenceScheduler, seqs: list[Sequence]) -> list[tuple]:
+    return [
+        (
+            s.request_id,
+            s.sample.index,
+            s.status.value,
+            s.num_computed_tokens,
+            list(s.sample.token_ids),
+            len(s.block_table.blocks),
+        )
+        for s in sorted(seqs, key=lambda s: (s.request_id, s.sample.index))
+    ] + [("free blocks", scheduler.kv.allocator.num_free), ("stats", scheduler.stats)]
+
+
+def _play_result(impl: ModuleType, case: ResultCase) -> None:
+    """minserve's update and yours after the same steps: the same new tokens every step,
+    and the same sequences, blocks and counters after it."""
+    ours, yours = _result_scheduler(case), _result_scheduler(case)
+    workers = _Worker(case.worker_seed), _Worker(case.worker_seed)
+    seen: tuple[list[Sequence], list[Sequence]] = ([], [])
+    for step in range(MAX_STEPS):
+        for scheduler in (ours, yours):
+            for i, (arrival, prompt, n, max_tokens, stop, min_tokens) in enumerate(case.requests):
+                if arrival == step:
+                    params = SamplingParams(
+                        n=n,
+                        max_tokens=max_tokens,
+                        stop_token_ids=list(stop),
+                        min_tokens=min(min_tokens, max_tokens),
+                    )
+                    request = Request.create(f"r{i}", list(prompt), params, float(arrival))
+                    first, *siblings = request.samples
+                    seq = Sequence(
+                        request, first, scheduler.kv.new_table(), order=i, unforked=siblings
+                    )
+                    scheduler.add(seq)
+        if step > max(r[0] for r in case.requests) and not ours.has_unfinished:
+            break
+        out_ours, out_yours = ours.schedule(), yours.schedule()
+        expected = ours.update_from_output(out_ours, workers[0].run(out_ours))
+        got = impl.advance_sequences(yours, out_yours, workers[1].run(out_yours))
+        if yours.drafts is not None:
+            yours.drafts.release_finished()
+        for scheduler, all_seqs in zip((ours, yours), seen):
+            all_seqs.extend(s for s in scheduler.seqs.values() if s not in all_seqs)
+        where = f"{case}\nat step {step}"
+        assert got == expected, f"{where}: expected the new tokens {expected}, got {got}"
+        expected_state, got_state = _state(ours, seen[0]), _state(yours, seen[1])
+        assert got_state == expected_state, (
+            f"{where}, after the update: expected (request, index, status, computed, tokens, "
+            f"blocks) {expected_state}, got {got_state}"
+        )
+
+
+def check_random_steps_match_minserves_update(impl: ModuleType) -> None:
+    """Random requests, stop rules, forks, drafts, prefix caching: the same update as minserve's"""
+
+    @settings(
+        max_examples=80,
+        report_multiple_bugs=False,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(result_cases())
+    def play(case: ResultCase) -> None:
+        _play_result(impl, case)
+
+    # a stub stops here
+    _play_result(impl, ResultCase(16, 6, 64, True, 2, ((0, (1, 2, 3), 2, 3, (3,), 0),), 1))
+    play()
+
+
+check_random_steps_match_minserves_update.time_limit_factor = 3  # type: ignore[attr-defined]
+
+
 CHECKS = [
     check_decodes_run_before_prefill_chunks,
     check_a_long_prompt_is_chunked_to_the_budget,
@@ -367,6 +668,11 @@ CHECKS = [
     check_a_step_that_preempted_admits_no_one,
     check_a_sequence_with_no_one_to_preempt_preempts_itself,
     check_random_workloads_match_minserves_scheduler,
+    check_a_stop_token_among_accepted_drafts_ends_the_sequence,
+    check_eos_and_max_tokens_end_a_sequence,
+    check_prompt_chunks_advance_and_a_finished_prefill_forks,
+    check_an_aborted_sequence_is_skipped,
+    check_random_steps_match_minserves_update,
 ]
 
 # What each pass of an exercise's loop must change; a check that runs past its time limit
@@ -375,6 +681,10 @@ PROGRESS = {
     "3.1": (
         "each pass must take a sequence off the queue (schedule it, skip it, or preempt "
         "it), and admission must stop at the first waiting sequence that does not fit"
+    ),
+    "3.2": (
+        "each pass must move on to the next chunk (or the next sampled token), and appending "
+        "must stop at the first token that finishes the sample"
     ),
 }
 
@@ -402,3 +712,23 @@ HINTS = {
         "SeqStatus.RUNNING.",
     ),
 }
+HINTS["3.2"] = (
+    "The scheduler is the one writer of its state: after the worker ran the step, every "
+    "scheduled chunk becomes computed, and each sampled token goes through the stop rules "
+    "one at a time, because a stop may come in the middle of accepted drafts. A finished "
+    "sample gives back its blocks at once, so the next step can admit someone else.",
+    "advance_sequences: one loop over the chunks; look the sequence up (skip the gone "
+    "ones); record the cache hit, move num_computed_tokens to the chunk's end, cache the "
+    "filled blocks when there is a prefix cache; then, if the chunk sampled, build the "
+    "family (the sequence, plus its forks when it still has unforked samples), and pair "
+    "each member with its SampledTokens: drafts first (only the first member has any), "
+    "then append_sampled. append_sampled: a loop over the token ids that counts what it "
+    "keeps and breaks after the one that finishes the sample (finish the sequence there); "
+    "then count, and build the NewTokens from the kept prefix.",
+    "The chunk's end is chunk.start + chunk.num_new_tokens. The family is a list that "
+    "starts with seq and continues with whatever scheduler.fork(seq) returns; zip it with "
+    "the sampled rows (strict). Keep a num_drafts variable, read from "
+    "runner_output.num_drafts with a default of 0, and reset it to 0 after the first "
+    "member. In append_sampled, slice both tokens.token_ids and tokens.logprobs to the "
+    "number kept; num_cached_tokens is seq.request.num_cached_tokens, or 0 when it is None.",
+)

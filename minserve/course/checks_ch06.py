@@ -12,9 +12,10 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
+from minserve.speculative import draft_length as reference_lengths
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.ngram import NgramProposer, latest_earlier_match
 
@@ -229,6 +230,107 @@ def check_random_histories_match_minserves_lookup(impl: ModuleType) -> None:
     run()
 
 
+# --- exercise 6.5: the adaptive draft length, against minserve's -------------------------
+
+_QUIET = dict(
+    report_multiple_bugs=False,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    verbosity=Verbosity.quiet,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def check_the_best_draft_length_follows_the_acceptance_rate(impl: ModuleType) -> None:
+    """Useless drafts (a = 0) get 1, free perfect ones (a = 1, c = 0) get k; else minserve's g"""
+    for a, c, k, expected in [(0.0, 0.1, 5, 1), (1.0, 0.0, 5, 5), (0.9, 0.05, 8, None)]:
+        expected = expected or reference_lengths.best_draft_length(a, c, k)
+        got = impl.best_draft_length(a, c, k)
+        assert got == expected, (
+            f"best_draft_length(a={a}, c={c}, k={k}): expected {expected}, got {got}"
+        )
+
+    @settings(max_examples=300, **_QUIET)
+    @given(st.floats(0, 1), st.floats(0, 1.5), st.integers(1, 10))
+    def agree(a: float, c: float, k: int) -> None:
+        expected = reference_lengths.best_draft_length(a, c, k)
+        got = impl.best_draft_length(a, c, k)
+        assert got == expected, (
+            f"best_draft_length(a={a}, c={c}, k={k}): expected {expected} (the shortest g "
+            f"within {reference_lengths.TOLERANCE:.0%} of the best speedup), got {got}"
+        )
+
+    agree()
+
+
+def check_the_acceptance_estimate_counts_tested_drafts(impl: ModuleType) -> None:
+    """3 drafts, 1 accepted: 2 were tested (the rejected one too); counts decay by DECAY"""
+    estimate = impl.AcceptanceEstimate()
+    estimate.observe(3, 1)
+    ref = reference_lengths.AcceptanceEstimate()
+    ref.observe(3, 1)
+    got, expected = (estimate.accepted, estimate.tested), (ref.accepted, ref.tested)
+    assert got == expected, (
+        "a fresh estimate (prior 1 accepted of 2 tested) after 3 drafts, 1 accepted: expected "
+        f"(accepted, tested) == {expected}, got {got}"
+    )
+
+    @settings(max_examples=200, **_QUIET)
+    @given(
+        st.lists(
+            st.integers(1, 6).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))),
+            max_size=12,
+        )
+    )
+    def agree(steps: list[tuple[int, int]]) -> None:
+        yours, ours = impl.AcceptanceEstimate(), reference_lengths.AcceptanceEstimate()
+        for drafts, accepted in steps:
+            yours.observe(drafts, accepted)
+            ours.observe(drafts, accepted)
+        got, expected = (yours.accepted, yours.tested), (ours.accepted, ours.tested)
+        assert abs(got[0] - expected[0]) < 1e-9 and abs(got[1] - expected[1]) < 1e-9, (
+            f"after observing (drafts, accepted) {steps}: expected (accepted, tested) == "
+            f"{expected}, got {got}"
+        )
+
+    agree()
+
+
+def check_draft_lengths_per_sequence_match_minserves(impl: ModuleType) -> None:
+    """Fixed mode always gives k; adaptive gives each sequence minserve's length as it learns"""
+    fixed = impl.DraftLengths("fixed", 4)
+    fixed.observe("a", 4, 0)
+    got = (fixed.length("a", 0.1), len(fixed.estimates))
+    assert got == (4, 0), (
+        "mode 'fixed', k=4, after a step with every draft rejected: expected length 4 and no "
+        f"estimates kept, got length {got[0]} and {got[1]} estimates"
+    )
+    step = st.tuples(st.sampled_from("abc"), st.integers(0, 5), st.integers(0, 5), st.floats(0, 1))
+
+    def play(steps: list[tuple[str, int, int, float]]) -> None:
+        yours = impl.DraftLengths("adaptive", 5)
+        ours = reference_lengths.DraftLengths("adaptive", 5)
+        for i, (seq, drafts, accepted, cost) in enumerate(steps):
+            accepted = min(accepted, drafts)
+            expected, got = ours.length(seq, cost), yours.length(seq, cost)
+            assert got == expected, (
+                f"adaptive, k=5, steps (sequence, drafts, accepted, cost ratio) {steps}: at "
+                f"step {i}, length({seq!r}, {cost}): expected {expected}, got {got}"
+            )
+            ours.observe(seq, drafts, accepted)
+            yours.observe(seq, drafts, accepted)
+
+    play([("a", 5, 0, 0.1), ("a", 5, 0, 0.1), ("b", 0, 0, 0.1), ("a", 2, 2, 0.1)])
+
+    @settings(max_examples=150, **_QUIET)
+    @given(st.lists(step, max_size=15))
+    def agree(steps: list[tuple[str, int, int, float]]) -> None:
+        play(steps)
+
+    agree()
+
+
 CHECKS = [
     check_the_residual_keeps_only_what_the_target_wants_more_of,
     check_the_residual_of_a_one_hot_draft_is_the_target_without_it,
@@ -242,6 +344,9 @@ CHECKS = [
     check_the_latest_earlier_match_wins,
     check_lookup_prefers_the_longest_matching_context,
     check_random_histories_match_minserves_lookup,
+    check_the_best_draft_length_follows_the_acceptance_rate,
+    check_the_acceptance_estimate_counts_tested_drafts,
+    check_draft_lengths_per_sequence_match_minserves,
 ]
 
 HINTS: dict[str, tuple[str, str, str]] = {
@@ -283,3 +388,22 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "the draft is the slice of token_ids that begins n tokens after it, cut to k.",
     ),
 }
+
+HINTS["6.5"] = (
+    "Speculation pays only while drafts are accepted: g drafts cost g c + 1 target forwards "
+    "and yield 1 + a + ... + a^g tokens. Each sequence keeps discounted counts of its drafts "
+    "tested and accepted, so its rate a follows what its text does now, and gets the g "
+    "with the best expected speedup at that rate, preferring a shorter g when it is nearly "
+    "as good.",
+    "best_draft_length: the speedups for g = 1..k, their maximum, then the first g that "
+    "reaches (1 - TOLERANCE) of it. AcceptanceEstimate.observe: work out how many drafts "
+    "were tested, then decay both counts and add this step's. DraftLengths.length: k in "
+    "fixed mode; else the sequence's estimate (made on first use) gives the rate for "
+    "best_draft_length. DraftLengths.observe: only in adaptive mode, and only when the "
+    "sequence drafted.",
+    "expected_speedup(a, g, c) gives S(g); enumerate the list from 1 to pair each S with "
+    "its g. A rejection tests one more draft than were accepted, which happened exactly "
+    "when fewer were accepted than drafted (a bool adds as 0 or 1). dict.setdefault with "
+    "a fresh AcceptanceEstimate() makes the estimate on first use.",
+)
+PROGRESS = {"6.5": "best_draft_length must visit each g from 1 to k once"}

@@ -27,7 +27,8 @@ class DraftPlanner:
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
-        self.lengths = DraftLengths(config.draft_length, config.num_speculative_tokens)
+        lengths_cls = config.draft_lengths_cls or DraftLengths
+        self.lengths = lengths_cls(config.draft_length, config.num_speculative_tokens)
         self.counters = SpecCounters()
 
     def reserve(

@@ -27,6 +27,9 @@ class SpeculativeConfig:
     student's in.
     proposer_cls: for method "ngram", the class of the proposer, built from this config
     (default `minserve.speculative.ngram.NgramProposer`); chapter 06 plugs the student's in.
+    draft_lengths_cls: the class that gives each sequence its draft length, built as
+    `cls(draft_length, num_speculative_tokens)` (default
+    `minserve.speculative.draft_length.DraftLengths`); chapter 06 plugs the student's in.
     """
 
     method: str
@@ -39,6 +42,8 @@ class SpeculativeConfig:
     rejection_sampler: Callable[..., list[int]] | None = None  # None: verify.rejection_sample
     # method "ngram": the proposer class, built from this config (None: ngram.NgramProposer)
     proposer_cls: Callable[[SpeculativeConfig], Any] | None = None
+    # the draft lengths per sequence, built as cls(draft_length, k) (None: DraftLengths)
+    draft_lengths_cls: Callable[[str, int], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -71,6 +76,12 @@ class SpeculativeConfig:
             raise ValueError(
                 "proposer_cls must be a class like minserve.speculative.ngram.NgramProposer, "
                 f"got {type(self.proposer_cls).__name__}"
+            )
+        if self.draft_lengths_cls is not None and not callable(self.draft_lengths_cls):
+            raise ValueError(
+                "draft_lengths_cls must be a class like "
+                "minserve.speculative.draft_length.DraftLengths, "
+                f"got {type(self.draft_lengths_cls).__name__}"
             )
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(

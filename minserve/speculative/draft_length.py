@@ -35,11 +35,15 @@ def expected_speedup(a: float, g: int, c: float) -> float:
     return expected_tokens(a, g) / (g * c + 1)
 
 
+# >>> exercise 6.5: the adaptive draft length
 def best_draft_length(a: float, c: float, k: int) -> int:
-    """The shortest g in [1, k] whose expected speedup is within TOLERANCE of the best."""
+    """The shortest g in [1, k] whose expected speedup `expected_speedup(a, g, c)` is within
+    TOLERANCE of the best one: at least (1 - TOLERANCE) times the largest S(g)."""
+    # >>> solution
     speedups = [expected_speedup(a, g, c) for g in range(1, k + 1)]
     best = max(speedups)
     return next(g for g, s in enumerate(speedups, start=1) if s >= (1 - TOLERANCE) * best)
+    # <<< solution
 
 
 @dataclass
@@ -55,14 +59,22 @@ class AcceptanceEstimate:
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
         """Drafts are tested in order until the first rejection: the accepted ones, plus the
-        rejected one if any (drafts after it were never tested)."""
+        rejected one if any (drafts after it were never tested). Both counts decay by DECAY
+        before this step's are added, so recent steps weigh most."""
+        # >>> solution
         tested = num_accepted + (num_accepted < num_drafts)
         self.accepted = DECAY * self.accepted + num_accepted
         self.tested = DECAY * self.tested + tested
+        # <<< solution
 
 
 class DraftLengths:
-    """How many drafts each sequence may get this step (before the engine's own limits)."""
+    """How many drafts each sequence may get this step (before the engine's own limits).
+
+    mode "fixed": always k. "adaptive": each sequence's own `AcceptanceEstimate` (made on
+    first use), and the best draft length at its rate. Plug your class into the engine
+    with `speculative_config={..., "draft_length": "adaptive", "draft_lengths_cls": ...}`.
+    """
 
     def __init__(self, mode: str, k: int) -> None:
         self.adaptive = mode == "adaptive"
@@ -70,15 +82,25 @@ class DraftLengths:
         self.estimates: dict[Hashable, AcceptanceEstimate] = {}  # adaptive only, by sequence
 
     def length(self, seq: Hashable, cost_ratio: float) -> int:
+        """Drafts for `seq` this step, at draft cost ratio `cost_ratio`."""
+        # >>> solution
         if not self.adaptive:
             return self.k
         estimate = self.estimates.setdefault(seq, AcceptanceEstimate())
         return best_draft_length(estimate.rate, cost_ratio, self.k)
+        # <<< solution
 
     def observe(self, seq: Hashable, num_drafts: int, num_accepted: int) -> None:
+        """`seq` had `num_drafts` drafts verified, `num_accepted` of them kept (adaptive
+        mode only, and only when it drafted at all)."""
+        # >>> solution
         if self.adaptive and num_drafts > 0:
             self.estimates.setdefault(seq, AcceptanceEstimate()).observe(num_drafts, num_accepted)
+        # <<< solution
 
     def forget(self, seq: Hashable) -> None:
         """A finished or aborted sequence: its estimate goes."""
         self.estimates.pop(seq, None)
+
+
+# <<< exercise
