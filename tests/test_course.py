@@ -345,7 +345,7 @@ def apply_penalties(logits, rows):
 
 
 def rope_inverse_frequencies(config):
-    raise NotImplementedError("Exercise 0.9: RoPE's frequencies, with Llama 3's long-context scaling")
+    raise NotImplementedError("Exercise 0.9: RoPE's frequencies")
 """
 
 
