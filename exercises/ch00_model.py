@@ -1,8 +1,8 @@
 # Your workspace for chapter 00 (The model we serve): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 00` from the repository root.
-# Generated from minserve/model/ops.py, minserve/attention/contiguous.py, minserve/model/sampler.py by `python -m minserve.course.generate`.
-# stub fingerprint: 5db52b1b8b21 (lets the generator tell your edits from a stale stub)
+# Generated from minserve/model/ops.py, minserve/attention/contiguous.py, minserve/model/sampler.py, minserve/model/rope.py by `python -m minserve.course.generate`.
+# stub fingerprint: 5476f90ddea2 (lets the generator tell your edits from a stale stub)
 """Chapter 00, The model we serve: the decoder's math and the sampler's filters.
 
 0.1-0.4 are the model's math (RMSNorm, RoPE, SwiGLU, grouped-query causal
@@ -10,13 +10,26 @@ attention); plug them into the engine with
 `LLM(model_ops=ModelOps.from_module(module))`. 0.5-0.7 are the sampler's filters
 (top-k, top-p, min-p): each takes logits [rows, vocab] and one setting per row and
 returns new logits in which the tokens it rejects are -inf; plug them in with
-`LLM(sampler=Sampler.from_module(module))`.
+`LLM(sampler=Sampler.from_module(module))`. 0.8 is the sampler's repetition,
+frequency and presence penalties; `Sampler.from_module` takes it too. 0.9 is
+RoPE's frequencies (with Llama 3's scaling); `ModelOps.from_module` takes it
+with 0.1-0.4, and the model's rotary embedding uses it.
 """
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from minserve.model.sampler import (  # noqa: F401  (used by 0.8)
+    FLOAT32_MAX,
+    SamplingRow,
+    flat_token_ids,
+    has_penalties,
+    per_row,
+)
+from minserve.model_config import ModelConfig
 
 
 # Exercise 0.1: RMSNorm
@@ -107,3 +120,38 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     Returns a new tensor; `logits` is left unchanged.
     """
     raise NotImplementedError("Exercise 0.7: min-p filtering")
+
+
+# Exercise 0.8: repetition, frequency and presence penalties
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Repetition (HF / vLLM), frequency and presence (OpenAI) penalties, on a copy.
+
+    The repetition penalty r touches every token seen in the prompt or the output, once
+    however often it was seen: positive logits are divided by r and negative ones
+    multiplied, so r > 1 always makes a seen token less likely. Frequency and presence look
+    at output tokens only: logit -= frequency * count + presence * (count > 0). `logits`
+    is [rows, vocab]; row i's settings are `rows[i].params`. A row without penalties
+    (`has_penalties`) is left as it is; with none in the batch, `logits` itself may be
+    returned. Only seen tokens change, so work on those (hundreds) rather than on the whole
+    vocabulary (tens of thousands): `flat_token_ids` gives their positions in the flat
+    logits, `per_row` a setting per row. A -inf logit (a forbidden token) stays -inf; a
+    penalty below 1 raises positive logits, and one past float32's range is kept at its
+    largest value (FLOAT32_MAX) rather than +inf, which would leave nothing to draw from.
+    """
+    raise NotImplementedError("Exercise 0.8: repetition, frequency and presence penalties")
+
+
+# Exercise 0.9: RoPE's frequencies, with Llama 3's long-context scaling
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """RoPE's per-pair rotation speeds theta^(-2i/d), with Llama-3 scaling when configured.
+
+    d = `config.head_dim`, theta = `config.rope_theta`; returns float32 [d / 2], pair i
+    first (compute in float64, as transformers does, then cast). Without
+    `config.rope_scaling`, that is all. With it (s = factor, L = original max positions,
+    lo / hi = low / high freq factors), a pair's wavelength 2 pi / inv_freq decides:
+    longer than L / lo: slowed down, inv_freq / s; shorter than L / hi: kept as it is; in
+    between (both bounds included): blended, (1 - smooth) * inv_freq / s + smooth *
+    inv_freq with smooth = (L / wavelength - lo) / (hi - lo). So a model trained on 8k
+    tokens reads 128k: only the slow pairs, which carry long distances, are stretched.
+    """
+    raise NotImplementedError("Exercise 0.9: RoPE's frequencies, with Llama 3's long-context scaling")

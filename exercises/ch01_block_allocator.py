@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 01` from the repository root.
 # Generated from minserve/kvcache/block_allocator.py, minserve/kvcache/block_table.py by `python -m minserve.course.generate`.
-# stub fingerprint: 4d0d70083f9f (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 19b9cd05d0d2 (lets the generator tell your edits from a stale stub)
 """Chapter 01, KV cache and the block allocator: free list, reference counts and
 block tables.
 
@@ -87,9 +87,10 @@ class BlockTable:
     """One sequence's logical->physical block map (PagedAttention's block table).
 
     `blocks[i]` is the physical block of logical block i; `num_tokens` tokens have slots.
-    You write `append` (slots for new tokens, with copy-on-write of a shared last block),
-    `_copy_on_write`, `fork` (share every block) and `slot` (position -> pool slot); the
-    rest is given. Plug it into the engine with `LLM(block_table_cls=BlockTable)`.
+    You write `blocks_needed` (how many blocks the next tokens take), `append` (slots for
+    new tokens, with copy-on-write of a shared last block), `_copy_on_write`, `fork` (share
+    every block) and `slot` (position -> pool slot); the rest is given. Plug it into the
+    engine with `LLM(block_table_cls=BlockTable)`.
     """
 
     def __init__(self, block_size: int) -> None:
@@ -109,15 +110,16 @@ class BlockTable:
     def blocks_needed(self, num_new_tokens: int) -> int:
         """New blocks `append(allocator, num_new_tokens)` would allocate, exactly.
 
-        Counts one more for the copy-on-write of a shared, partly-filled last block.
+        The scheduler asks this before every step (can this sequence grow?), so it must
+        match what `append` takes: the tokens that do not fit in the last block's free
+        slots need whole fresh blocks (rounded up), and one more block is counted for the
+        copy-on-write of a shared, partly-filled last block (`_needs_copy_on_write`).
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         if num_new_tokens == 0:
             return 0
-        spare = len(self.blocks) * self.block_size - self.num_tokens  # free slots in the tail
-        fresh = -(-max(0, num_new_tokens - spare) // self.block_size)  # ceil division
-        return fresh + int(self._needs_copy_on_write())
+        raise NotImplementedError("Exercise 1.2: the block table (append with copy-on-write, fork, slot)")
 
     def _needs_copy_on_write(self) -> bool:
         if not self._tail_partly_filled:

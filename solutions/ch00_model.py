@@ -1,4 +1,4 @@
-# Generated from minserve/model/ops.py, minserve/attention/contiguous.py, minserve/model/sampler.py by `python -m minserve.course.generate`;
+# Generated from minserve/model/ops.py, minserve/attention/contiguous.py, minserve/model/sampler.py, minserve/model/rope.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 00, The model we serve: the decoder's math and the sampler's filters.
 
@@ -7,13 +7,26 @@ attention); plug them into the engine with
 `LLM(model_ops=ModelOps.from_module(module))`. 0.5-0.7 are the sampler's filters
 (top-k, top-p, min-p): each takes logits [rows, vocab] and one setting per row and
 returns new logits in which the tokens it rejects are -inf; plug them in with
-`LLM(sampler=Sampler.from_module(module))`.
+`LLM(sampler=Sampler.from_module(module))`. 0.8 is the sampler's repetition,
+frequency and presence penalties; `Sampler.from_module` takes it too. 0.9 is
+RoPE's frequencies (with Llama 3's scaling); `ModelOps.from_module` takes it
+with 0.1-0.4, and the model's rotary embedding uses it.
 """
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from minserve.model.sampler import (  # noqa: F401  (used by 0.8)
+    FLOAT32_MAX,
+    SamplingRow,
+    flat_token_ids,
+    has_penalties,
+    per_row,
+)
+from minserve.model_config import ModelConfig
 
 
 # Exercise 0.1: RMSNorm
@@ -127,3 +140,71 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     max_logit = logits.max(dim=-1, keepdim=True).values  # [rows, 1]
     threshold = max_logit + min_p.log().unsqueeze(-1)  # [rows, 1]; log(0) = -inf keeps all
     return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+# Exercise 0.8: repetition, frequency and presence penalties
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Repetition (HF / vLLM), frequency and presence (OpenAI) penalties, on a copy.
+
+    The repetition penalty r touches every token seen in the prompt or the output, once
+    however often it was seen: positive logits are divided by r and negative ones
+    multiplied, so r > 1 always makes a seen token less likely. Frequency and presence look
+    at output tokens only: logit -= frequency * count + presence * (count > 0). `logits`
+    is [rows, vocab]; row i's settings are `rows[i].params`. A row without penalties
+    (`has_penalties`) is left as it is; with none in the batch, `logits` itself may be
+    returned. Only seen tokens change, so work on those (hundreds) rather than on the whole
+    vocabulary (tens of thousands): `flat_token_ids` gives their positions in the flat
+    logits, `per_row` a setting per row. A -inf logit (a forbidden token) stays -inf; a
+    penalty below 1 raises positive logits, and one past float32's range is kept at its
+    largest value (FLOAT32_MAX) rather than +inf, which would leave nothing to draw from.
+    """
+    penalized = [i for i, row in enumerate(rows) if has_penalties(row.params)]
+    if not penalized:
+        return logits
+    vocab, device = logits.shape[-1], logits.device
+    out = logits.clone(memory_format=torch.contiguous_format)
+    flat = out.view(-1)  # token t of row i lives at i * vocab + t
+    seen = flat_token_ids(rows, penalized, vocab, with_prompt=True).unique()
+    produced, counts = flat_token_ids(rows, penalized, vocab, with_prompt=False).unique(
+        return_counts=True
+    )
+    seen, produced, counts = seen.to(device), produced.to(device), counts.to(device)
+    repetition = per_row(rows, "repetition_penalty", device)[seen // vocab]  # [num_seen]
+    values = flat[seen]
+    repeated = torch.where(values > 0, values / repetition, values * repetition)
+    flat[seen] = torch.where(values.isfinite(), repeated.clamp(max=FLOAT32_MAX), values)
+    frequency = per_row(rows, "frequency_penalty", device)[produced // vocab]  # [num_produced]
+    presence = per_row(rows, "presence_penalty", device)[produced // vocab]
+    flat[produced] -= frequency * counts + presence
+    return out
+
+
+# Exercise 0.9: RoPE's frequencies, with Llama 3's long-context scaling
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """RoPE's per-pair rotation speeds theta^(-2i/d), with Llama-3 scaling when configured.
+
+    d = `config.head_dim`, theta = `config.rope_theta`; returns float32 [d / 2], pair i
+    first (compute in float64, as transformers does, then cast). Without
+    `config.rope_scaling`, that is all. With it (s = factor, L = original max positions,
+    lo / hi = low / high freq factors), a pair's wavelength 2 pi / inv_freq decides:
+    longer than L / lo: slowed down, inv_freq / s; shorter than L / hi: kept as it is; in
+    between (both bounds included): blended, (1 - smooth) * inv_freq / s + smooth *
+    inv_freq with smooth = (L / wavelength - lo) / (hi - lo). So a model trained on 8k
+    tokens reads 128k: only the slow pairs, which carry long distances, are stretched.
+    """
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq.float()  # [head_dim / 2]
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return torch.where(is_medium, blended, scaled).float()

@@ -95,9 +95,10 @@ class BlockTable:
     """One sequence's logical->physical block map (PagedAttention's block table).
 
     `blocks[i]` is the physical block of logical block i; `num_tokens` tokens have slots.
-    You write `append` (slots for new tokens, with copy-on-write of a shared last block),
-    `_copy_on_write`, `fork` (share every block) and `slot` (position -> pool slot); the
-    rest is given. Plug it into the engine with `LLM(block_table_cls=BlockTable)`.
+    You write `blocks_needed` (how many blocks the next tokens take), `append` (slots for
+    new tokens, with copy-on-write of a shared last block), `_copy_on_write`, `fork` (share
+    every block) and `slot` (position -> pool slot); the rest is given. Plug it into the
+    engine with `LLM(block_table_cls=BlockTable)`.
     """
 
     def __init__(self, block_size: int) -> None:
@@ -117,7 +118,10 @@ class BlockTable:
     def blocks_needed(self, num_new_tokens: int) -> int:
         """New blocks `append(allocator, num_new_tokens)` would allocate, exactly.
 
-        Counts one more for the copy-on-write of a shared, partly-filled last block.
+        The scheduler asks this before every step (can this sequence grow?), so it must
+        match what `append` takes: the tokens that do not fit in the last block's free
+        slots need whole fresh blocks (rounded up), and one more block is counted for the
+        copy-on-write of a shared, partly-filled last block (`_needs_copy_on_write`).
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")

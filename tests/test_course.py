@@ -353,6 +353,14 @@ def swiglu(gate, up):
 
 def attend(q, k, v, start):
     raise NotImplementedError("Exercise 0.4: grouped-query causal attention")
+
+
+def apply_penalties(logits, rows):
+    raise NotImplementedError("Exercise 0.8: repetition, frequency and presence penalties")
+
+
+def rope_inverse_frequencies(config):
+    raise NotImplementedError("Exercise 0.9: RoPE's frequencies")
 """
 
 
@@ -399,7 +407,7 @@ def test_report_for_an_unknown_chapter_lists_the_known_ones():
 def test_check_without_a_chapter_lists_chapters(capsys):
     assert main([]) == 0
     assert (
-        "00  The model we serve  (exercises 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)"
+        "00  The model we serve  (exercises 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)"
         in capsys.readouterr().out
     )
 
@@ -528,9 +536,9 @@ def test_json_report_has_a_row_per_check_and_counts(tmp_path):
     assert (first["chapter"], first["exercise"]) == ("00", "0.5")
     assert "expected to keep tokens [1, 2], got [1, 2, 3]" in first["message"]
     assert "exercises/ch00_model.py:6, in apply_top_k" in first["message"]
-    assert {row["exercise"] for row in rows} == {f"0.{i}" for i in range(1, 8)}
+    assert {row["exercise"] for row in rows} == {f"0.{i}" for i in range(1, 10)}
     todo = {row["exercise"] for row in rows if row["status"] == "not implemented"}
-    assert todo == {"0.1", "0.2", "0.3", "0.4", "0.7"}
+    assert todo == {"0.1", "0.2", "0.3", "0.4", "0.7", "0.8", "0.9"}
     summary = report["summary"]
     assert summary["total"] == len(rows) == sum(v for k, v in summary.items() if k != "total")
     assert report["chapters"]["00"] == summary

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 import solutions.ch00_model
 from minserve import LLM, SamplingParams
@@ -141,8 +142,12 @@ def test_logprobs_hold_top_n_and_the_sampled_token(llm: LLM) -> None:
 
 
 def test_a_students_sampler_plugs_into_the_engine(tiny_model) -> None:
-    """The solution module, passed as the engine's sampler, samples exactly like minserve's."""
-    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=3, max_tokens=10)
+    """The solution module, passed as the engine's sampler, samples exactly like minserve's
+    (its filters and its penalties)."""
+    params = SamplingParams(
+        temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=3, max_tokens=10,
+        repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2,
+    )  # fmt: skip
     ours = LLM(tiny_model("llama")).generate(PROMPTS, params, use_tqdm=False)
     student = LLM(tiny_model("llama"), sampler=Sampler.from_module(solutions.ch00_model))
     theirs = student.generate(PROMPTS, params, use_tqdm=False)
@@ -162,6 +167,18 @@ def test_a_students_model_ops_plug_into_the_engine(tiny_model, engine: str) -> N
         "per-sequence" if engine == "paged" else "contiguous"
     )
     assert texts(ours) == texts(student.generate(PROMPTS, params, use_tqdm=False))
+
+
+def test_a_students_rope_frequencies_plug_into_the_engine(tiny_model) -> None:
+    """On a model with Llama 3's RoPE scaling, the solution's model_ops (their RoPE
+    frequencies included) set the same frequencies and decode the same greedy tokens."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ours = LLM(tiny_model("llama3_rope"))
+    student = LLM(tiny_model("llama3_rope"), model_ops=ModelOps.from_module(solutions.ch00_model))
+    builtin_freq = ours.loaded.model.rope.inv_freq
+    torch.testing.assert_close(student.loaded.model.rope.inv_freq, builtin_freq)
+    expected = ours.generate(PROMPTS, params, use_tqdm=False)
+    assert texts(expected) == texts(student.generate(PROMPTS, params, use_tqdm=False))
 
 
 def test_chat_accepts_one_conversation_or_many(llm: LLM) -> None:

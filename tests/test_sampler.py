@@ -202,7 +202,11 @@ def test_from_module_samples_with_the_modules_filters() -> None:
         raise NotImplementedError("not asked for by any row")
 
     module = SimpleNamespace(
-        __name__="student", apply_top_k=keep_only_token_3, apply_top_p=unused, apply_min_p=unused
+        __name__="student",
+        apply_top_k=keep_only_token_3,
+        apply_top_p=unused,
+        apply_min_p=unused,
+        apply_penalties=apply_penalties,
     )
     sampler = Sampler.from_module(module)  # type: ignore[arg-type]
     assert sampler(_flat_logits(2), [_row(top_k=2, seed=0), _row(top_k=5)]).token_ids == [3, 3]
@@ -210,7 +214,8 @@ def test_from_module_samples_with_the_modules_filters() -> None:
 
 def test_from_module_names_missing_filters() -> None:
     module = SimpleNamespace(__name__="student", apply_top_k=None)
-    with pytest.raises(AttributeError, match="student does not define apply_top_p, apply_min_p"):
+    missing = "apply_top_p, apply_min_p, apply_penalties"
+    with pytest.raises(AttributeError, match=f"student does not define {missing}"):
         Sampler.from_module(module)  # type: ignore[arg-type]
 
 

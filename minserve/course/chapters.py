@@ -51,7 +51,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="the_model_we_serve",
         title="The model we serve",
         module="ch00_model",
-        sources=("model/ops.py", "attention/contiguous.py", "model/sampler.py"),
+        sources=("model/ops.py", "attention/contiguous.py", "model/sampler.py", "model/rope.py"),
         header=(
             '"""Chapter 00, The model we serve: the decoder\'s math and the sampler\'s filters.\n\n'
             "0.1-0.4 are the model's math (RMSNorm, RoPE, SwiGLU, grouped-query causal\n"
@@ -59,11 +59,23 @@ CHAPTERS: tuple[Chapter, ...] = (
             "`LLM(model_ops=ModelOps.from_module(module))`. 0.5-0.7 are the sampler's filters\n"
             "(top-k, top-p, min-p): each takes logits [rows, vocab] and one setting per row and\n"
             "returns new logits in which the tokens it rejects are -inf; plug them in with\n"
-            "`LLM(sampler=Sampler.from_module(module))`.\n"
+            "`LLM(sampler=Sampler.from_module(module))`. 0.8 is the sampler's repetition,\n"
+            "frequency and presence penalties; `Sampler.from_module` takes it too. 0.9 is\n"
+            "RoPE's frequencies (with Llama 3's scaling); `ModelOps.from_module` takes it\n"
+            "with 0.1-0.4, and the model's rotary embedding uses it.\n"
             '"""\n\n'
-            "import math\n\n"
+            "import math\n"
+            "from collections.abc import Sequence\n\n"
             "import torch\n"
-            "import torch.nn.functional as F\n"
+            "import torch.nn.functional as F\n\n"
+            "from minserve.model.sampler import (  # noqa: F401  (used by 0.8)\n"
+            "    FLOAT32_MAX,\n"
+            "    SamplingRow,\n"
+            "    flat_token_ids,\n"
+            "    has_penalties,\n"
+            "    per_row,\n"
+            ")\n"
+            "from minserve.model_config import ModelConfig\n"
         ),
         checks="minserve.course.checks_ch00",
     ),

@@ -1,6 +1,8 @@
 """Checks for chapter 00, run against any module that defines the decoder's pieces
-(`rms_norm`, `apply_rope`, `swiglu`, `attend`) and the sampler's filters (`apply_top_k`,
-`apply_top_p`, `apply_min_p`): the solutions, or a student's exercise file.
+(`rms_norm`, `apply_rope`, `swiglu`, `attend`), the sampler's filters (`apply_top_k`,
+`apply_top_p`, `apply_min_p`), its penalties (`apply_penalties`, checked in
+`checks_ch00_penalties.py`) and RoPE's frequencies (`rope_inverse_frequencies`, in
+`checks_ch00_rope.py`): the solutions, or a student's exercise file.
 
 The model's pieces are compared with torch references (and transformers' own RoPE) on
 random tensors, then assembled into a tiny random Llama whose logits must match
@@ -18,6 +20,10 @@ import torch
 
 from minserve.course.checks_ch00_model import HINTS as MODEL_HINTS
 from minserve.course.checks_ch00_model import MODEL_CHECKS
+from minserve.course.checks_ch00_penalties import HINTS as PENALTY_HINTS
+from minserve.course.checks_ch00_penalties import PENALTY_CHECKS
+from minserve.course.checks_ch00_rope import HINTS as ROPE_HINTS
+from minserve.course.checks_ch00_rope import ROPE_CHECKS
 
 NEG_INF = float("-inf")
 
@@ -195,10 +201,12 @@ FILTER_CHECKS: list[Callable[[ModuleType], None]] = [
     check_min_p_per_row_settings,
     check_min_p_leaves_input_unchanged,
 ]
-CHECKS = MODEL_CHECKS + FILTER_CHECKS
+CHECKS = MODEL_CHECKS + FILTER_CHECKS + PENALTY_CHECKS + ROPE_CHECKS
 
 HINTS: dict[str, tuple[str, str, str]] = {
     **MODEL_HINTS,
+    **PENALTY_HINTS,
+    **ROPE_HINTS,
     "0.5": (
         "Top-k keeps a row's k largest logits; everything below the k-th largest becomes -inf.",
         "Find each row's k-th largest value (a threshold), then mask the logits below it; "

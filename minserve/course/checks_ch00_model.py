@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
 from minserve.course.check import passes
+from minserve.course.checks_ch00_rope import ROPE_CHECKS
 from minserve.model.hf_loader import config_from_hf
 from minserve.model.loader import build_model
 from minserve.model.ops import ModelOps
@@ -170,7 +171,7 @@ def _tiny_llama():
 
 
 def check_whole_forward_matches_transformers(impl: ModuleType) -> None:
-    """Your four pieces inside a tiny random Llama: the logits of a prefill of 6 tokens
+    """Your pieces inside a tiny random Llama: the logits of a prefill of 6 tokens
     and two decodes match transformers' for the same weights."""
     hf, config = _tiny_llama()
     ids = torch.tensor([5, 17, 99, 3, 64, 12, 40, 7])
@@ -206,8 +207,9 @@ MODEL_CHECKS: list[Callable[[ModuleType], None]] = [
 
 
 def passes_model_checks(impl: ModuleType) -> bool:
-    """Whether `impl`'s four pieces pass every check above (the notebook's fallback switch)."""
-    return passes(impl, MODEL_CHECKS)
+    """Whether `impl`'s model pieces (0.1-0.4 and 0.9, RoPE's frequencies) pass their checks
+    (the notebook's fallback switch)."""
+    return passes(impl, MODEL_CHECKS + ROPE_CHECKS)
 
 
 HINTS: dict[str, tuple[str, str, str]] = {

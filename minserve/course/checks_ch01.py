@@ -18,6 +18,7 @@ from minserve.course.checks_ch01_block_table import (
     check_allocator_matches_a_reference_model,
     check_append_fills_the_last_block_first,
     check_append_maps_slots_through_the_table,
+    check_blocks_needed_counts_fresh_blocks_and_the_copy,
     check_fork_shares_every_block,
     check_forks_free_back_to_an_empty_pool,
     check_full_shared_blocks_are_not_copied,
@@ -153,6 +154,7 @@ ALLOCATOR_CHECKS = [
 TABLE_CHECKS = [
     check_append_maps_slots_through_the_table,
     check_append_fills_the_last_block_first,
+    check_blocks_needed_counts_fresh_blocks_and_the_copy,
     check_fork_shares_every_block,
     check_write_to_a_shared_last_block_copies_it,
     check_full_shared_blocks_are_not_copied,
@@ -179,10 +181,13 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "slot: look up the physical block, times block_size, plus the offset. append: if the "
         "last block is shared and partly filled, copy it (_copy_on_write); allocate blocks "
         "until they cover num_tokens + n; advance num_tokens; return the new tokens' slots "
-        "and the copies. fork: a new table with a copy of the list, sharing each block.",
+        "and the copies. fork: a new table with a copy of the list, sharing each block. "
+        "blocks_needed: the free slots of the last block absorb the first new tokens; the "
+        "rest need whole blocks; add one for a copy-on-write.",
         "_copy_on_write: new = allocator.allocate(); allocator.free(old) (your reference "
         "only); self.blocks[-1] = new; return (old, new). fork: child = BlockTable(size); "
         "child.blocks = self.blocks[:]; same num_tokens and _allocator; allocator.share(b) "
-        "for each b.",
+        "for each b. blocks_needed: free = len(self.blocks) * block_size - num_tokens; "
+        "ceil((n - free) / block_size) when positive, plus 1 if _needs_copy_on_write().",
     ),
 }

@@ -46,6 +46,33 @@ def check_append_maps_slots_through_the_table(impl: ModuleType) -> None:
     assert got_slots == expected[1], f"slot(0..5): expected {expected[1]}, got {got_slots}"
 
 
+def check_blocks_needed_counts_fresh_blocks_and_the_copy(impl: ModuleType) -> None:
+    """blocks_needed(n) at 6 tokens in blocks of 4: 2 free slots, then whole blocks, +1 if shared.
+
+    One more block is counted once a fork shares the partly-filled last block."""
+    allocator = BlockAllocator(16)
+    table = _table_with(impl, allocator, 6)  # blocks of 4: the last holds 2 tokens, 2 free
+    cases = {0: 0, 1: 0, 2: 0, 3: 1, 6: 1, 7: 2}
+    got = {n: table.blocks_needed(n) for n in cases}
+    assert got == cases, (
+        f"blocks_needed(n) for n in {list(cases)}, a private table of 6 tokens, blocks of 4: "
+        f"expected {cases}, got {got}"
+    )
+    table.fork(allocator)  # the child shares every block: writing the tail copies it first
+    shared = {n: cases[n] + (n > 0) for n in cases}
+    got = {n: table.blocks_needed(n) for n in cases}
+    assert got == shared, (
+        f"blocks_needed(n) for n in {list(cases)} after a fork shares the partly-filled last "
+        f"block: expected {shared} (one more for its copy), got {got}"
+    )
+    before = allocator.num_free
+    table.append(allocator, 3)
+    assert before - allocator.num_free == shared[3], (
+        f"append(allocator, 3) after the fork: blocks_needed said {shared[3]}, "
+        f"append took {before - allocator.num_free}"
+    )
+
+
 def check_append_fills_the_last_block_first(impl: ModuleType) -> None:
     """3 tokens, then 1 (same block), then 1 more (a new block): only when the last is full."""
     allocator = BlockAllocator(8)

@@ -10,7 +10,6 @@ called through the model's `ModelOps` (`CausalLM.use_ops`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +20,7 @@ from torch import nn
 from minserve.kernels import cpu_ops
 from minserve.model.greedy_head import GreedyScreen, screens
 from minserve.model.ops import MODEL_OPS, ModelOps
+from minserve.model.rope import rope_inverse_frequencies
 from minserve.model_config import ModelConfig
 
 
@@ -50,30 +50,6 @@ class RMSNorm(nn.Module):
         if self.ops is MODEL_OPS and x.dtype == torch.float32:  # the same math, one call
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.ops.rms_norm(x, self.weight, self.eps)
-
-
-def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    """RoPE's per-pair rotation speeds theta^(-2i/d), with Llama-3 scaling when configured.
-
-    Llama 3 slows down only the low frequencies (long wavelengths) by `factor`, keeps the
-    high ones, and blends smoothly in between, so a model trained on 8k tokens reads 128k.
-    """
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq.float()  # [head_dim / 2]
-    old_len = scaling.original_max_position_embeddings
-    low_wavelen = old_len / scaling.low_freq_factor
-    high_wavelen = old_len / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor
-    )
-    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
-    return torch.where(is_medium, blended, scaled).float()
 
 
 class RotaryEmbedding(nn.Module):
@@ -238,9 +214,12 @@ class CausalLM(nn.Module):
                 module.c_kernels = on
 
     def use_ops(self, ops: ModelOps) -> None:
-        """Compute RMSNorm, RoPE and SwiGLU with `ops` in every layer (MODEL_OPS: minserve's
-        own, with the C kernels where they apply; others: their functions, always)."""
+        """Compute RMSNorm, RoPE (its frequencies too) and SwiGLU with `ops` in every layer
+        (MODEL_OPS: minserve's own, with the C kernels where they apply; others: their
+        functions, always)."""
         self.ops = ops
+        inv_freq = ops.rope_inverse_frequencies(self.config)  # [head_dim / 2]
+        self.rope.inv_freq = inv_freq.to(self.rope.inv_freq.device, torch.float32)
         for module in self.modules():
             if hasattr(module, "ops"):
                 module.ops = ops

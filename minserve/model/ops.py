@@ -1,4 +1,5 @@
-"""The decoder's building blocks as plain functions: RMSNorm, RoPE, SwiGLU (and attention).
+"""The decoder's building blocks as plain functions: RMSNorm, RoPE, SwiGLU (and attention,
+and RoPE's frequencies from `rope.py`).
 
 `llama.py` calls these through a `ModelOps`, so the same model runs on minserve's own
 versions (`MODEL_OPS`) or on anyone else's with the same signatures: chapter 00's
@@ -16,6 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from minserve.attention.contiguous import Attend, attend
+from minserve.model.rope import rope_inverse_frequencies
+from minserve.model_config import ModelConfig
 
 
 # >>> exercise 0.1: RMSNorm
@@ -81,15 +84,16 @@ class ModelOps:
     apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     attend: Attend
+    rope_inverse_frequencies: Callable[[ModelConfig], torch.Tensor]
 
     @classmethod
     def from_module(cls, module: ModuleType) -> ModelOps:
-        """The four functions of `module` (chapter 00's exercises or solutions), by name."""
-        missing = [name for name in ("rms_norm", "apply_rope", "swiglu", "attend")
-                   if not callable(getattr(module, name, None))]  # fmt: skip
+        """The five functions of `module` (chapter 00's exercises or solutions), by name."""
+        names = ("rms_norm", "apply_rope", "swiglu", "attend", "rope_inverse_frequencies")
+        missing = [name for name in names if not callable(getattr(module, name, None))]
         if missing:
             raise ValueError(f"module {module.__name__} has no function {', '.join(missing)}")
-        return cls(module.rms_norm, module.apply_rope, module.swiglu, module.attend)
+        return cls(*(getattr(module, name) for name in names))
 
 
-MODEL_OPS = ModelOps(rms_norm, apply_rope, swiglu, attend)  # minserve's own
+MODEL_OPS = ModelOps(rms_norm, apply_rope, swiglu, attend, rope_inverse_frequencies)

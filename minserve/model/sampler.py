@@ -12,8 +12,8 @@ Each row goes through, in order:
    row, from the row's own generator, so a seeded row's tokens never depend on which other
    rows share its batch.
 
-The three filters are chapter 00's exercise (the marked regions below); `Sampler` takes
-them as arguments so a student's versions can run inside the real engine.
+The three filters and the penalties are chapter 00's exercises (the marked regions below);
+`Sampler` takes them as arguments so a student's versions can run inside the real engine.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch
 from minserve.sampling_params import SamplingParams
 
 Filter = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, per-row setting)
+Penalties = Callable[[torch.Tensor, "Sequence[SamplingRow]"], torch.Tensor]  # (logits, rows)
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
@@ -126,25 +127,31 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 # <<< exercise
 
 
+# >>> exercise 0.8: repetition, frequency and presence penalties
 def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Repetition (HF / vLLM), frequency and presence (OpenAI) penalties, on a copy.
 
-    The repetition penalty r touches every token seen in the prompt or the output:
-    positive logits are divided by r and negative ones multiplied, so r > 1 always makes
-    a seen token less likely. Frequency and presence look at output tokens only:
-    logit -= frequency * count + presence * (count > 0). Only seen tokens change, so the
-    work is done on those (hundreds) rather than on the whole vocabulary (tens of thousands).
-    A penalty below 1 raises positive logits; one past float32's range is kept at its
-    largest value rather than +inf, which would leave no distribution to draw from.
+    The repetition penalty r touches every token seen in the prompt or the output, once
+    however often it was seen: positive logits are divided by r and negative ones
+    multiplied, so r > 1 always makes a seen token less likely. Frequency and presence look
+    at output tokens only: logit -= frequency * count + presence * (count > 0). `logits`
+    is [rows, vocab]; row i's settings are `rows[i].params`. A row without penalties
+    (`has_penalties`) is left as it is; with none in the batch, `logits` itself may be
+    returned. Only seen tokens change, so work on those (hundreds) rather than on the whole
+    vocabulary (tens of thousands): `flat_token_ids` gives their positions in the flat
+    logits, `per_row` a setting per row. A -inf logit (a forbidden token) stays -inf; a
+    penalty below 1 raises positive logits, and one past float32's range is kept at its
+    largest value (FLOAT32_MAX) rather than +inf, which would leave nothing to draw from.
     """
-    penalized = [i for i, row in enumerate(rows) if _has_penalties(row.params)]
+    # >>> solution
+    penalized = [i for i, row in enumerate(rows) if has_penalties(row.params)]
     if not penalized:
         return logits
     vocab, device = logits.shape[-1], logits.device
     out = logits.clone(memory_format=torch.contiguous_format)
     flat = out.view(-1)  # token t of row i lives at i * vocab + t
-    seen = _flat_token_ids(rows, penalized, vocab, with_prompt=True).unique()
-    produced, counts = _flat_token_ids(rows, penalized, vocab, with_prompt=False).unique(
+    seen = flat_token_ids(rows, penalized, vocab, with_prompt=True).unique()
+    produced, counts = flat_token_ids(rows, penalized, vocab, with_prompt=False).unique(
         return_counts=True
     )
     seen, produced, counts = seen.to(device), produced.to(device), counts.to(device)
@@ -156,6 +163,10 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
     presence = per_row(rows, "presence_penalty", device)[produced // vocab]
     flat[produced] -= frequency * counts + presence
     return out
+    # <<< solution
+
+
+# <<< exercise
 
 
 def suppress_stop_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
@@ -182,15 +193,18 @@ class Sampler:
         top_k_fn: Filter = apply_top_k,
         top_p_fn: Filter = apply_top_p,
         min_p_fn: Filter = apply_min_p,
+        penalties_fn: Penalties = apply_penalties,
     ) -> None:
         self.top_k_fn = top_k_fn
         self.top_p_fn = top_p_fn
         self.min_p_fn = min_p_fn
+        self.penalties_fn = penalties_fn
 
     @classmethod
     def from_module(cls, module: ModuleType) -> Sampler:
-        """A sampler using `module`'s apply_top_k / apply_top_p / apply_min_p (chapter 00)."""
-        names = ("apply_top_k", "apply_top_p", "apply_min_p")
+        """A sampler using `module`'s apply_top_k / apply_top_p / apply_min_p and
+        apply_penalties (chapter 00)."""
+        names = ("apply_top_k", "apply_top_p", "apply_min_p", "apply_penalties")
         missing = [name for name in names if not hasattr(module, name)]
         if missing:
             raise AttributeError(f"module {module.__name__} does not define {', '.join(missing)}")
@@ -203,7 +217,7 @@ class Sampler:
             )
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=-1) if _wants_logprobs(rows) else None
-        logits = suppress_stop_tokens(apply_penalties(logits, rows), rows)
+        logits = suppress_stop_tokens(self.penalties_fn(logits, rows), rows)
         failed = unsampleable_rows(logits)
         token_ids = logits.argmax(dim=-1)  # [rows]; right for greedy rows, replaced below
         drawn = [i for i, row in enumerate(rows) if not row.params.greedy and i not in failed]
@@ -280,7 +294,7 @@ def is_plain_greedy(row: SamplingRow) -> bool:
     return (
         params.greedy
         and params.logprobs is None
-        and not _has_penalties(params)
+        and not has_penalties(params)
         and not (
             len(row.output_token_ids) < params.min_tokens
             and (row.eos_token_ids or params.stop_token_ids)
@@ -288,7 +302,7 @@ def is_plain_greedy(row: SamplingRow) -> bool:
     )
 
 
-def _has_penalties(params: SamplingParams) -> bool:
+def has_penalties(params: SamplingParams) -> bool:
     return (
         params.repetition_penalty != 1
         or params.frequency_penalty != 0
@@ -296,7 +310,7 @@ def _has_penalties(params: SamplingParams) -> bool:
     )
 
 
-def _flat_token_ids(
+def flat_token_ids(
     rows: Sequence[SamplingRow], indices: list[int], vocab: int, with_prompt: bool
 ) -> torch.Tensor:
     """The output (and prompt) tokens of rows `indices`, as positions in flat [rows * vocab]."""

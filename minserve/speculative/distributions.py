@@ -16,7 +16,6 @@ import torch
 from minserve.model.sampler import (
     Sampler,
     SamplingRow,
-    apply_penalties,
     draw_from_logits,
     row_uniforms,
     suppress_stop_tokens,
@@ -31,7 +30,7 @@ def processed_logits(
 
     Softmax of the result is the distribution the sampler draws each row from; filtered
     tokens are -inf (probability 0)."""
-    logits = suppress_stop_tokens(apply_penalties(logits.float(), rows), rows)
+    logits = suppress_stop_tokens(sampler.penalties_fn(logits.float(), rows), rows)
     return sampler.filtered(logits, rows)
 
 
