@@ -54,6 +54,7 @@ class ExecutionConfig:
     rows_by_shape: tuple[tuple[str, int], ...] = ()  # what the loader set: ("576x576", 16)
     c_kernels_missing: str | None = None  # why they are off although switched on
     device_why: str = ""  # why this device: "auto: no CUDA device is usable: ..."
+    quantization: str = "none"  # "gguf(Q4_1:210,Q8_0:1; weights 97.1 MiB)": kept as stored
 
     def with_attention(self, name: str) -> ExecutionConfig:
         """This config with the attention backend `name` ("auto": the default) resolved."""
@@ -69,6 +70,7 @@ class ExecutionConfig:
             "prepack": _on_off(self.prepack),
             "linear_rows": self._rows_text(),
             "greedy_screen": _on_off(self.greedy_screen),
+            "quantization": self.quantization,
             "kernel_cache": str(self.kernel_cache),
         }
         return "execution: " + " ".join(f"{k}={v}" for k, v in fields.items())

@@ -73,6 +73,8 @@ class LLM:
     `minserve.scheduler.preemption.preemption_mode`) replace chapter 04's two rules;
     swap_space_cls (with swap_space > 0) keeps the account of the host swap space, as
     `minserve.kvcache.swap.HostSwapSpace` does (chapter 04).
+    quantization="gguf" keeps a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as stored and
+    widens them where they are used (vLLM's spelling; docs/engine.md, "Quantized weights").
     stop_matcher_cls cuts each sample's text at its stop strings, as
     `minserve.stop_strings.StopStringMatcher` (chapter 09: `LLM(stop_matcher_cls=...)`).
     """
@@ -111,12 +113,15 @@ class LLM:
         tensor_parallel_layers: str | None = None,
         speculative_config: dict[str, Any] | None = None,
         decode_kernels: DecodeKernels | None = None,
+        quantization: str | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         speculative = _speculative(speculative_config, engine, tensor_parallel_size)
         if decode_kernels is not None and (engine != "paged" or tensor_parallel_size != 1):
             raise ValueError("decode_kernels runs on the paged engine with one process only")
+        if quantization is not None and tensor_parallel_size != 1:
+            raise ValueError("quantization runs in one process; leave tensor_parallel_size at 1")
         if tensor_parallel_layers is not None and tensor_parallel_size == 1:
             raise ValueError("tensor_parallel_layers applies with tensor_parallel_size > 1")
         check_stop_matcher_cls(stop_matcher_cls)
@@ -138,7 +143,7 @@ class LLM:
             tp_parts = self.tensor_parallel.engine_parts(cache)
             self.loaded: LoadedModel = self.tensor_parallel.loaded
         else:
-            self.loaded = _load(model, dtype, device)
+            self.loaded = _load(model, dtype, device, quantization)
         if model_ops is not None and tensor_parallel_size != 1:
             raise ValueError("model_ops runs in one process; leave tensor_parallel_size at 1")
         self.loaded.model.use_ops(model_ops or MODEL_OPS)
@@ -325,16 +330,19 @@ def _prompts_failed(
 
 
 def _load(
-    model: str | Path | LoadedModel | None, dtype: str | torch.dtype, device: str
+    model: str | Path | LoadedModel | None,
+    dtype: str | torch.dtype,
+    device: str,
+    quantization: str | None = None,
 ) -> LoadedModel:
     """Load `model`, or reuse it when it is loaded already (several engines, one set of weights)."""
     if not isinstance(model, LoadedModel):
-        return load_model(model, dtype=dtype, device=device)
-    if dtype != "auto" or device != "auto":
+        return load_model(model, dtype=dtype, device=device, quantization=quantization)
+    if dtype != "auto" or device != "auto" or quantization is not None:
         param = next(model.model.parameters())
         raise ValueError(
-            "dtype and device apply when loading, and this model is loaded already "
-            f"({param.dtype} on {param.device}); leave them as 'auto'"
+            "dtype, device and quantization apply when loading, and this model is loaded "
+            f"already ({param.dtype} on {param.device}); leave them as 'auto' and None"
         )
     return model
 

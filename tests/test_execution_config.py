@@ -159,7 +159,8 @@ def test_the_summary_names_every_choice_on_one_line() -> None:
     )  # fmt: skip
     assert config.summary() == (
         "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on "
-        "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on kernel_cache=/k"
+        "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on quantization=none "
+        "kernel_cache=/k"
     )
     fixed = cpu(MINSERVE_KERNEL_ROWS="8", MINSERVE_GREEDY_SCREEN="0").summary()
     assert "linear_rows=8 greedy_screen=off" in fixed

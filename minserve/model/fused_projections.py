@@ -13,17 +13,30 @@ import torch
 import torch.nn as nn
 
 from minserve.model.llama import CausalLM
+from minserve.model.quantized_linear import QuantizedLinear, dequantize
 
 
-def concat_linears(parts: list[nn.Linear]) -> nn.Linear:
-    """One linear whose output is the parts' outputs side by side: [..., sum of out]."""
-    weight = torch.cat([p.weight.detach() for p in parts])  # [sum of out, in]
+def concat_linears(parts: list[nn.Module]) -> nn.Module:
+    """One linear whose output is the parts' outputs side by side: [..., sum of out].
+    Quantized parts of one format stay quantized (their blocks, row after row)."""
+    if all(isinstance(p, QuantizedLinear) for p in parts) and len({p.quant for p in parts}) == 1:
+        return QuantizedLinear.concat(parts)
+    plain = [p.weight.dtype for p in parts if not isinstance(p, QuantizedLinear)]
+    dtype = plain[0] if plain else torch.float32
+    weight = torch.cat([weight_of(p).to(dtype) for p in parts])  # [sum of out, in]
     has_bias = parts[0].bias is not None
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if has_bias:
         fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
     return fused
+
+
+def weight_of(part: nn.Module) -> torch.Tensor:
+    """A part's weight [out, in] as floats (a quantized one widened)."""
+    if isinstance(part, QuantizedLinear):
+        return dequantize(part.blocks, part.quant)
+    return part.weight.detach()
 
 
 def fuse_projections(model: CausalLM) -> None:

@@ -1,8 +1,10 @@
 """Load a GGUF file (llama.cpp's format): metadata -> ModelConfig, tensors -> fp32 weights.
 
 Quantized tensors (Q8_0, Q4_0, Q4_1, ...) are dequantized with the `gguf` package's
-reference code. llama.cpp stores Llama's q/k projections with their rows permuted for its
-interleaved RoPE; we undo that so the weights match Hugging Face's "rotate half" layout.
+reference code; `quantized_blocks` also hands over the Q8_0, Q4_0 and Q4_1 matrices as
+stored, for `quantization="gguf"` (`quantized_linear.py`). llama.cpp stores Llama's q/k
+projections with their rows permuted for its interleaved RoPE; we undo that so the
+weights match Hugging Face's "rotate half" layout.
 """
 
 from __future__ import annotations
@@ -135,11 +137,34 @@ def weights_from_gguf(reader: GGUFReader, config: ModelConfig) -> dict[str, torc
     return {hf_name(t.name): read_gguf_tensor(t, config) for t in reader.tensors}
 
 
+def quantized_blocks(
+    reader: GGUFReader, config: ModelConfig, quants: tuple[str, ...]
+) -> dict[str, tuple[str, torch.Tensor]]:
+    """The file's matrices stored in one of `quants`, as they are stored: Hugging Face name ->
+    (format, blocks uint8 [rows, row bytes]), llama's q/k rows back in HF's layout (a row's
+    blocks move with it)."""
+    found = {}
+    for tensor in reader.tensors:
+        qtype = GGMLQuantizationType(tensor.tensor_type)
+        if qtype.name not in quants or len(tensor.data.shape) != 2:
+            continue
+        blocks = np.array(tensor.data, dtype=np.uint8)  # [rows, row bytes], a copy
+        found[hf_name(tensor.name)] = (
+            qtype.name,
+            torch.from_numpy(_hf_rows(blocks, tensor.name, config)),
+        )
+    return found
+
+
+def _hf_rows(rows: np.ndarray, name: str, config: ModelConfig) -> np.ndarray:
+    """llama's q/k rows back in HF's layout; any other tensor as it is."""
+    if config.architecture == "llama" and ".attn_q." in name:
+        return np.ascontiguousarray(unpermute_rope_rows(rows, config.num_heads))
+    if config.architecture == "llama" and ".attn_k." in name:
+        return np.ascontiguousarray(unpermute_rope_rows(rows, config.num_kv_heads))
+    return rows
+
+
 def read_gguf_tensor(tensor: ReaderTensor, config: ModelConfig) -> torch.Tensor:
     """One tensor of the file, dequantized, with llama's q/k rows back in HF's layout."""
-    values = tensor_to_numpy(tensor)
-    if config.architecture == "llama" and ".attn_q." in tensor.name:
-        values = unpermute_rope_rows(values, config.num_heads)
-    elif config.architecture == "llama" and ".attn_k." in tensor.name:
-        values = unpermute_rope_rows(values, config.num_kv_heads)
-    return torch.from_numpy(values)
+    return torch.from_numpy(_hf_rows(tensor_to_numpy(tensor), tensor.name, config))

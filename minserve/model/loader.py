@@ -12,12 +12,18 @@ from minserve.errors import ModelLoadError
 from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.model.default_model import default_model_path
 from minserve.model.fused_projections import fuse_projections
-from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
+from minserve.model.gguf_loader import (
+    config_from_gguf,
+    open_gguf,
+    quantized_blocks,
+    weights_from_gguf,
+)
 from minserve.model.greedy_head import attach_greedy_screen
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
 from minserve.model.linear_choice import Shape, tune_kernel_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
 from minserve.model.packed_linear import prepack_linears
+from minserve.model.quantized_linear import QUANTS, use_quantized_blocks, weight_bytes
 from minserve.model.tokenizer import Tokenizer
 from minserve.model_config import ModelConfig
 
@@ -47,19 +53,24 @@ def load_model(
     device: str | torch.device = "auto",
     prepack: bool = True,
     fuse: bool = True,
+    quantization: str | None = None,
 ) -> LoadedModel:
     """Load a GGUF file or a Hugging Face checkpoint folder (None: the bundled SmolLM2).
 
     `fuse`: q/k/v and gate/up as one linear each (`fused_projections.py`); `prepack`: on a
-    CPU, reorder the linear weights once for oneDNN (`packed_linear.py`). How it runs is
-    resolved here, once (`minserve/execution.py`), and kept as `LoadedModel.execution`."""
+    CPU, reorder the linear weights once for oneDNN (`packed_linear.py`); `quantization`:
+    None dequantizes a GGUF file's matrices at load, "gguf" keeps its Q8_0, Q4_0 and Q4_1
+    ones as stored (`quantized_linear.py`). How it runs is resolved here, once
+    (`minserve/execution.py`), and kept as `LoadedModel.execution`."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
             f"model path {path} does not exist; pass a .gguf file or a Hugging Face "
             "checkpoint folder (config.json + safetensors + tokenizer.json)"
         )
+    check_quantization(quantization, path)
     execution = resolve_execution(device, dtype, prepack=prepack)
+    found: dict[str, tuple[str, torch.Tensor]] = {}
     use_device(execution.device)  # kernels launch on the current device: make it this one
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -72,9 +83,34 @@ def load_model(
         config = config_from_gguf(reader)
         weights = weights_from_gguf(reader, config)
         tokenizer = Tokenizer.from_gguf(path)
-    net = build_model(config, weights, execution.dtype, execution.device, fuse)
+        if quantization == "gguf":
+            found = quantized_blocks(reader, config, QUANTS)
+    net = build_model(config, weights, execution.dtype, execution.device, fuse, found)
+    del weights  # the dequantized copies of the quantized matrices go with it
     execution = set_up_execution(net, execution)
+    if quantization == "gguf":
+        execution = replace(execution, quantization=quantized_summary(found, net))
     return LoadedModel(path, config, net, tokenizer.for_model(config.vocab_size), execution)
+
+
+QUANTIZATIONS = (None, "gguf")
+
+
+def check_quantization(quantization: str | None, path: Path) -> None:
+    """None, or "gguf" for a GGUF file (vLLM's names)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; choose None or 'gguf'")
+    if quantization == "gguf" and path.is_dir():
+        raise ValueError(f'quantization="gguf" serves a .gguf file as stored; {path} is a folder')
+
+
+def quantized_summary(found: dict[str, tuple[str, torch.Tensor]], net: CausalLM) -> str:
+    """What the start-up line says: "gguf(Q4_1:210,Q8_0:1; weights 97.1 MiB)"."""
+    counts: dict[str, int] = {}
+    for quant, _ in found.values():
+        counts[quant] = counts.get(quant, 0) + 1
+    kinds = ",".join(f"{q}:{n}" for q, n in sorted(counts.items())) or "none kept"
+    return f"gguf({kinds}; weights {weight_bytes(net) / 2**20:.1f} MiB)"
 
 
 def build_model(
@@ -83,8 +119,10 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
     fuse: bool = False,
+    quantized: dict[str, tuple[str, torch.Tensor]] | None = None,
 ) -> CausalLM:
-    """Create the decoder without initialising it, then adopt the checkpoint's tensors."""
+    """Create the decoder without initialising it, then adopt the checkpoint's tensors;
+    the matrices in `quantized` (HF name -> (format, blocks)) are served as stored."""
     with torch.device("meta"):
         net = CausalLM(config)
     expected = set(net.state_dict())
@@ -97,6 +135,8 @@ def build_model(
     net.rope = RotaryEmbedding(config).to(device)  # computed, not loaded
     if config.tie_word_embeddings:
         net.lm_head.weight = net.model.embed_tokens.weight
+    if quantized:
+        use_quantized_blocks(net, quantized, config.tie_word_embeddings, dtype)
     if fuse:
         fuse_projections(net)
     return net.eval()

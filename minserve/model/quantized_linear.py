@@ -1,0 +1,144 @@
+"""Weights served as GGUF stores them: Q8_0, Q4_0 and Q4_1 blocks, widened where they are used.
+
+A GGUF weight row is cut into blocks of 32 values, each block one fp16 scale (Q4_1: and an
+fp16 offset) and 32 small integers (8 or 4 bits): 8.5, 4.5 or 5 bits a weight where fp32
+takes 32. A decode step reads every weight once, so reading the blocks as they are, and
+widening them in registers, moves a fifth to a quarter of the bytes (llama.cpp's approach;
+vLLM's `quantization="gguf"`). `LLM(model="file.gguf", quantization="gguf")` builds these:
+
+- `QuantizedLinear`: a decode's few rows go through the C kernel that reads the blocks
+  (`kernels/quant_rows.c`); more rows (a prefill) widen the whole weight for the call and
+  run one fp32 matrix product, compute-bound there anyway.
+- `QuantizedEmbedding`: looks up the blocks of the step's token ids and widens just those.
+
+`dequantize` is the reference: the `gguf` package's arithmetic (fp16 scale times integer,
+plus offset, in fp32), so a quantized model and the same file dequantized at load compute
+with the same weights (`tests/test_quantized_model.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minserve.kernels import cpu_ops
+from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
+
+QUANTS = tuple(QUANT_BLOCK_BYTES)  # ("Q8_0", "Q4_0", "Q4_1"): the formats kept as stored
+KERNEL_ROWS = 16  # up to this many rows the C kernel reads the blocks; more widen them once
+
+
+def dequantize(blocks: torch.Tensor, quant: str) -> torch.Tensor:
+    """Blocks uint8 [rows, row bytes] -> weights fp32 [rows, row bytes / block bytes * 32]."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, QUANT_BLOCK_BYTES[quant])  # [rows, blocks, block bytes]
+    scale = _half(b[..., 0:2])  # [rows, blocks, 1]
+    if quant == "Q8_0":
+        q = b[..., 2:].contiguous().view(torch.int8).float()  # [rows, blocks, 32]
+        return (q * scale).reshape(rows, -1)
+    nibbles = b[..., 4:] if quant == "Q4_1" else b[..., 2:]  # [rows, blocks, 16]
+    q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1).float()  # byte j: q_j, q_(j+16)
+    if quant == "Q4_0":
+        return ((q - 8.0) * scale).reshape(rows, -1)
+    return (q * scale + _half(b[..., 2:4])).reshape(rows, -1)
+
+
+def _half(pair: torch.Tensor) -> torch.Tensor:
+    """Two bytes per entry [..., 2] (an fp16, little-endian) -> fp32 [..., 1]."""
+    return pair.contiguous().view(torch.float16).float()
+
+
+def check_quant(quant: str, in_features: int) -> None:
+    """The formats kept as stored, on rows of whole blocks."""
+    if quant not in QUANTS:
+        raise ValueError(f"{quant} blocks are not served as stored; choose one of {QUANTS}")
+    if in_features % QUANT_BLOCK:
+        raise ValueError(f"{in_features} weights a row is not a whole number of 32-blocks")
+
+
+class QuantizedLinear(nn.Module):
+    """`nn.Linear` whose weight stays in GGUF blocks: `blocks` uint8 [out, row bytes]."""
+
+    def __init__(self, blocks: torch.Tensor, quant: str, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.quant = quant
+        self.out_features = blocks.shape[0]
+        self.in_features = blocks.shape[1] // QUANT_BLOCK_BYTES[quant] * QUANT_BLOCK
+        check_quant(quant, self.in_features)
+        self.register_buffer("blocks", blocks.contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # [N, in]
+        bias = None if self.bias is None else self.bias.float()
+        if rows.shape[0] <= KERNEL_ROWS and self.c_kernels and _kernel_applies(rows):
+            out = cpu_ops.quant_rows(rows, self.blocks, self.quant)  # [N, out] fp32
+            out = out if bias is None else out + bias
+        else:  # many rows: widen the weight once for this call
+            out = F.linear(rows.float(), dequantize(self.blocks, self.quant), bias)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    @classmethod
+    def concat(cls, parts: list[QuantizedLinear]) -> QuantizedLinear:
+        """One layer whose outputs are the parts' side by side (their blocks, row after row)."""
+        quants = {p.quant for p in parts}
+        if len(quants) != 1:
+            raise ValueError(f"cannot fuse layers stored as {sorted(quants)} into one")
+        biases = [p.bias for p in parts]
+        bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        return cls(torch.cat([p.blocks for p in parts]), parts[0].quant, bias)
+
+    def extra_repr(self) -> str:
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, bias={self.bias is not None}, {self.quant}"
+
+
+class QuantizedEmbedding(nn.Module):
+    """`nn.Embedding` whose table stays in GGUF blocks: a lookup widens only its rows."""
+
+    def __init__(self, blocks: torch.Tensor, quant: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.quant, self.dtype = quant, dtype
+        self.num_embeddings = blocks.shape[0]
+        check_quant(quant, blocks.shape[1] // QUANT_BLOCK_BYTES[quant] * QUANT_BLOCK)
+        self.register_buffer("blocks", blocks.contiguous())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = dequantize(self.blocks[ids.reshape(-1)], self.quant)  # [T, hidden] fp32
+        return rows.to(self.dtype).view(*ids.shape, -1)
+
+
+def _kernel_applies(rows: torch.Tensor) -> bool:
+    return rows.is_cpu and cpu_ops.applies(rows)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's tensors hold in memory: parameters and buffers (blocks, oneDNN's
+    packed copies), each storage once (a tied head shares the embedding's)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    sizes = {_storage_key(t): t.numel() * t.element_size() for t in tensors}
+    return sum(sizes.values())
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """Where a tensor's bytes are: its data pointer, or (oneDNN's opaque layout) itself."""
+    return t.data_ptr() if t.layout == torch.strided else id(t)
+
+
+def use_quantized_blocks(
+    model: nn.Module, found: dict[str, tuple[str, torch.Tensor]], tied: bool, dtype: torch.dtype
+) -> None:
+    """Replace each linear and embedding whose weight is in `found` (HF name -> (format,
+    blocks)) by its quantized form; a tied head shares the embedding's blocks."""
+    for name, (quant, blocks) in found.items():
+        path = name.removesuffix(".weight")
+        parent_path, _, attr = path.rpartition(".")
+        parent, child = model.get_submodule(parent_path), model.get_submodule(path)
+        if isinstance(child, nn.Embedding):
+            setattr(parent, attr, QuantizedEmbedding(blocks, quant, dtype))
+            if tied:
+                model.lm_head = QuantizedLinear(blocks, quant, None)
+        elif isinstance(child, nn.Linear):
+            setattr(parent, attr, QuantizedLinear(blocks, quant, child.bias))

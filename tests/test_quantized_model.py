@@ -1,0 +1,99 @@
+"""`quantization="gguf"`: the bundled Q4_1 file served as stored against the same file
+dequantized at load (the same weights), and the torch dequantization against the `gguf`
+package's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize
+
+from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
+from minserve.kernels.build import cpu_kernels
+from minserve.llm import LLM
+from minserve.model.default_model import default_model_path
+from minserve.model.loader import load_model
+from minserve.model.quantized_linear import (
+    QUANTS,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    dequantize,
+    weight_bytes,
+)
+from minserve.sampling_params import SamplingParams
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a time"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_model(quantization="gguf"), load_model()
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_torch_dequantization_is_the_gguf_packages_bit_for_bit(quant: str) -> None:
+    values = np.random.default_rng(0).normal(size=(7, 96)).astype(np.float32)
+    values[0] = 2.5  # one block of equal values: scale 0
+    blocks = quantize(values, GGMLQuantizationType[quant])
+    want = gguf_dequantize(blocks, GGMLQuantizationType[quant]).reshape(values.shape)
+    got = dequantize(torch.from_numpy(np.ascontiguousarray(blocks)), quant)
+    assert torch.equal(got, torch.from_numpy(want.astype(np.float32)))
+
+
+def logits(loaded, token_ids: list[int]) -> torch.Tensor:
+    """Prefill all but the last token (many rows: widened weights), decode the last one
+    (one row: the C kernel on the blocks)."""
+    kv = SequenceKV(loaded.config, len(token_ids), torch.float32, torch.device("cpu"))
+    ids, n = torch.tensor(token_ids), len(token_ids) - 1
+    with torch.inference_mode():
+        first = ContiguousAttention([ContiguousSlice(kv, 0, n)])
+        h1 = loaded.model(ids[:n], torch.arange(n), first)
+        last = ContiguousAttention([ContiguousSlice(kv, n, 1)])
+        h2 = loaded.model(ids[n:], torch.arange(n, n + 1), last)
+        return loaded.model.compute_logits(torch.cat([h1, h2]))  # [len, vocab]
+
+
+def test_the_quantized_model_holds_blocks_and_computes_the_dequantized_logits(models) -> None:
+    quantized, dequantized = models
+    linears = [m for m in quantized.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(linears) == 30 * 4 + 1  # qkv, o, gate_up, down per layer; the tied head
+    assert isinstance(quantized.model.model.embed_tokens, QuantizedEmbedding)
+    assert quantized.model.lm_head.blocks is quantized.model.model.embed_tokens.blocks
+    ids = quantized.tokenizer.encode("The capital of France is Paris, and the capital of Italy")
+    got, want = logits(quantized, ids), logits(dequantized, ids)
+    assert (got - want).abs().max() < 1e-3
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_it_holds_a_third_of_a_served_bfloat16_models_weights(models) -> None:
+    quantized, _ = models
+    served = weight_bytes(load_model(dtype="bfloat16").model)  # with oneDNN's packed copies
+    stored = weight_bytes(load_model(dtype="bfloat16", prepack=False).model)
+    assert weight_bytes(quantized.model) <= served / 3
+    assert weight_bytes(quantized.model) <= stored * 0.37  # 5 bits a weight, 8.5 for the table
+    assert "gguf(Q4_1:210,Q8_0:1; weights" in quantized.execution.summary()
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason="the C kernels could not be built")
+def test_greedy_tokens_are_the_dequantized_models(models) -> None:
+    quantized, dequantized = models
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    outputs = [
+        [o.outputs[0].token_ids for o in LLM(m, max_num_seqs=4).generate(PROMPTS, params)]
+        for m in models
+    ]
+    assert outputs[0] == outputs[1]
+
+
+def test_quantization_is_refused_where_it_cannot_apply(tmp_path) -> None:
+    with pytest.raises(ValueError, match="unknown quantization 'awq'"):
+        load_model(quantization="awq")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="serves a .gguf file as stored"):
+        load_model(tmp_path, quantization="gguf")
+    with pytest.raises(ValueError, match="quantization runs in one process"):
+        LLM(quantization="gguf", tensor_parallel_size=2)
+    assert default_model_path().suffix == ".gguf"
