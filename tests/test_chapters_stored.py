@@ -1,5 +1,6 @@
 """The course as stored: every chapter notebook committed executed, with a figure; no
-notebook cell shows an exercise's solution; every exercise has its three hints.
+notebook cell shows an exercise's solution; every exercise has its three hints; the course
+guide's table of what a student writes is the stats'.
 
 These read the committed files only (nothing is executed), so they are fast; nbval runs
 the notebooks themselves.
@@ -17,6 +18,7 @@ from minserve.course.chapters import CHAPTERS, REPO_ROOT, Chapter
 from minserve.course.generate import chapter_exercises
 from minserve.course.hints import hints_for
 from minserve.course.regions import solution_blocks
+from minserve.course.stats import chapter_stats
 
 NOTEBOOKS = sorted((REPO_ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 MIN_SOLUTION_LINE = 25  # shorter lines (`return out`, `i += 1`) are common to any code
@@ -117,3 +119,13 @@ def test_every_exercise_has_three_hints(chapter: Chapter, exercise: str) -> None
     )
     verbatim = [line for ex, line in solution_lines() if ex == exercise and line in "".join(hints)]
     assert not verbatim, f"exercise {exercise}: a hint gives solution lines verbatim: {verbatim}"
+
+
+def test_the_course_guides_table_of_what_you_write_is_the_stats() -> None:
+    guide = (REPO_ROOT / "docs" / "course_guide.md").read_text(encoding="utf-8")
+    for chapter in CHAPTERS:
+        stats = chapter_stats(chapter)
+        row = (
+            f"| {chapter.number} | {chapter.title} | {len(stats)} | {sum(s.lines for s in stats)} |"
+        )
+        assert row in guide, f"docs/course_guide.md should have the row {row!r}"
