@@ -17,6 +17,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "vec16.h"
 
@@ -24,6 +27,7 @@ enum { BLOCK = 32, XS = 4 };
 typedef enum { Q8_0, Q4_0, Q4_1 } Quant;
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 /* Bytes of one block of 32 weights. */
 ALWAYS_INLINE int64_t block_bytes(Quant t) { return t == Q8_0 ? 34 : t == Q4_0 ? 18 : 20; }
@@ -54,7 +58,11 @@ static inline float half_to_float(uint16_t h) {
 static inline float half_at(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, sizeof h);
+#if defined(__F16C__)
+    return _cvtsh_ss(h); /* one instruction where the CPU has it */
+#else
     return half_to_float(h);
+#endif
 }
 
 /* One block's 32 weights as two vectors: w[0] holds weights 0-15, w[1] weights 16-31. */
@@ -64,14 +72,15 @@ ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
         i8x16 lo, hi;
         memcpy(&lo, block + 2, sizeof lo);
         memcpy(&hi, block + 2 + 16, sizeof hi);
-        w[0] = __builtin_convertvector(lo, f32x16) * d;
-        w[1] = __builtin_convertvector(hi, f32x16) * d;
+        w[0] = __builtin_convertvector(__builtin_convertvector(lo, i32x16), f32x16) * d;
+        w[1] = __builtin_convertvector(__builtin_convertvector(hi, i32x16), f32x16) * d;
         return;
     }
     u8x16 nibbles;
     memcpy(&nibbles, block + (t == Q4_1 ? 4 : 2), sizeof nibbles);
-    const f32x16 low = __builtin_convertvector(nibbles & 0x0f, f32x16);
-    const f32x16 high = __builtin_convertvector(nibbles >> 4, f32x16);
+    const u8x16 low_bits = nibbles & 0x0f, high_bits = nibbles >> 4;
+    const f32x16 low = __builtin_convertvector(__builtin_convertvector(low_bits, i32x16), f32x16);
+    const f32x16 high = __builtin_convertvector(__builtin_convertvector(high_bits, i32x16), f32x16);
     if (t == Q4_0) {
         w[0] = (low - 8.0f) * d;
         w[1] = (high - 8.0f) * d;
