@@ -77,3 +77,11 @@ def test_a_mismatched_width_is_refused_with_both_numbers() -> None:
     blocks, _ = quantized(np.zeros((4, 64), dtype=np.float32), "Q4_1")
     with pytest.raises(ValueError, match="rows of 64 weights; x has 96 features"):
         cpu_ops.quant_rows(torch.zeros(1, 96), blocks, "Q4_1")
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_the_c_dequantization_is_the_packages_bit_for_bit(quant: str) -> None:
+    values = torch.randn(9, 96, generator=GEN).numpy()
+    values[0] = 1.5  # a block of equal values
+    blocks, weights = quantized(values, quant)
+    assert torch.equal(cpu_ops.dequantize_blocks(blocks, quant), weights)

@@ -45,6 +45,9 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "quant_rows_q8_0": (None, [_ptr] * 3 + [_i64] * 3),
     "quant_rows_q4_0": (None, [_ptr] * 3 + [_i64] * 3),
     "quant_rows_q4_1": (None, [_ptr] * 3 + [_i64] * 3),
+    "dequantize_q8_0": (None, [_ptr] * 2 + [_i64] * 2),
+    "dequantize_q4_0": (None, [_ptr] * 2 + [_i64] * 2),
+    "dequantize_q4_1": (None, [_ptr] * 2 + [_i64] * 2),
     "bf16_logits_f32": (None, [_ptr] * 3 + [_i64] * 3),
     "screen_candidates_f32": (None, [_ptr] * 6 + [_i64] * 2),
 }

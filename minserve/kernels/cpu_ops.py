@@ -137,6 +137,17 @@ def quant_rows(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tenso
     return out
 
 
+def dequantize_blocks(blocks: torch.Tensor, quant: str) -> torch.Tensor:
+    """GGUF blocks uint8 [rows, row bytes] -> their weights fp32 [rows, in], widened by the
+    C kernel (`quant_rows.c`) with the arithmetic of the `gguf` package's dequantize."""
+    rows, row_bytes = blocks.shape
+    in_features = row_bytes // QUANT_BLOCK_BYTES[quant] * QUANT_BLOCK
+    out = torch.empty((rows, in_features), dtype=torch.float32)
+    kernel = getattr(cpu_kernels(), f"dequantize_{quant.lower()}")
+    kernel(out.data_ptr(), blocks.contiguous().data_ptr(), rows, in_features)
+    return out
+
+
 def bf16_logits(bits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x [B, hidden] fp32 against a bfloat16 head (its raw bits, int16 [vocab, hidden]) ->
     fp32 logits [B, vocab], summed in fp32 (`bf16_head.c`)."""

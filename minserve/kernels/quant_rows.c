@@ -121,6 +121,25 @@ ALWAYS_INLINE void weight_row(float *out, const float *x, const uint8_t *w, int6
     }
 }
 
+/* Rows of blocks widened to fp32 weights: out [n, k] (a prefill's many rows then run one
+ * fp32 matrix product on them). */
+ALWAYS_INLINE void widen_row(float *out, const uint8_t *row, int64_t k, Quant t) {
+    for (int64_t b = 0; b < k / BLOCK; b++) {
+        f32x16 w[2];
+        widen_block(w, row + b * block_bytes(t), t);
+        memcpy(out + b * BLOCK, w, sizeof w);
+    }
+}
+
+#define DEQUANTIZE(NAME, QUANT)                                                                \
+    void NAME(float *out, const uint8_t *w, int64_t n, int64_t k) {                            \
+        _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < n; r++)           \
+            widen_row(out + r * k, w + r * (k / BLOCK) * block_bytes(QUANT), k, QUANT);         \
+    }
+DEQUANTIZE(dequantize_q8_0, Q8_0)
+DEQUANTIZE(dequantize_q4_0, Q4_0)
+DEQUANTIZE(dequantize_q4_1, Q4_1)
+
 /* One function per block format, each compiled with its format a constant. */
 #define QUANT_ROWS(NAME, QUANT)                                                                \
     void NAME(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n, int64_t k) { \

@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minserve.kernels import cpu_ops
+from minserve.kernels.build import cpu_kernels
 from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
 
 QUANTS = tuple(QUANT_BLOCK_BYTES)  # ("Q8_0", "Q4_0", "Q4_1"): the formats kept as stored
@@ -77,8 +78,14 @@ class QuantizedLinear(nn.Module):
             out = cpu_ops.quant_rows(rows, self.blocks, self.quant)  # [N, out] fp32
             out = out if bias is None else out + bias
         else:  # many rows: widen the weight once for this call
-            out = F.linear(rows.float(), dequantize(self.blocks, self.quant), bias)
+            out = F.linear(rows.float(), self.widened(), bias)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def widened(self) -> torch.Tensor:
+        """The weight as fp32 [out, in]: in C where it applies, else in torch."""
+        if self.blocks.is_cpu and self.c_kernels and cpu_kernels() is not None:
+            return cpu_ops.dequantize_blocks(self.blocks, self.quant)
+        return dequantize(self.blocks, self.quant)
 
     @classmethod
     def concat(cls, parts: list[QuantizedLinear]) -> QuantizedLinear:
