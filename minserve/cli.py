@@ -38,6 +38,10 @@ def _add_generate_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=None, help="system message for --chat")
     p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument(
+        "--quantization", default=None, choices=["gguf", "int8"],
+        help="gguf: a .gguf file's weights as stored; int8: per output channel",
+    )  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -60,7 +64,7 @@ def _generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         stop=args.stop,
     )
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization)
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})

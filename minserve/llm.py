@@ -74,7 +74,8 @@ class LLM:
     swap_space_cls (with swap_space > 0) keeps the account of the host swap space, as
     `minserve.kvcache.swap.HostSwapSpace` does (chapter 04).
     quantization="gguf" keeps a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as stored and
-    widens them where they are used (vLLM's spelling; docs/engine.md, "Quantized weights").
+    widens them where they are used (vLLM's spelling; docs/engine.md, "Quantized weights");
+    quantization="int8" stores every weight matrix as int8 with a scale per output channel.
     stop_matcher_cls cuts each sample's text at its stop strings, as
     `minserve.stop_strings.StopStringMatcher` (chapter 09: `LLM(stop_matcher_cls=...)`).
     """

@@ -1,6 +1,7 @@
 """The quantized few-row kernel (`kernels/quant_rows.c`) against the `gguf` package's own
 dequantization: Q8_0, Q4_0 and Q4_1 blocks, random and from the bundled model, every
-remainder of the rows of x it handles (groups of four, then 3, 2, 1)."""
+remainder of the rows of x it handles (groups of four, then 3, 2, 1); and its int8 rows
+(weight-only int8, a scale per output channel) against the exact sums of the same weights."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
 from minserve.model.default_model import default_model_path
 from minserve.model.gguf_loader import open_gguf
+from minserve.model.int8_linear import dequantize_int8, quantize_int8
 
 pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="the C kernels could not be built")
 GEN = torch.Generator().manual_seed(0)
@@ -85,3 +87,31 @@ def test_the_c_dequantization_is_the_packages_bit_for_bit(quant: str) -> None:
     values[0] = 1.5  # a block of equal values
     blocks, weights = quantized(values, quant)
     assert torch.equal(cpu_ops.dequantize_blocks(blocks, quant), weights)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize(("out_features", "in_features"), [(64, 576), (5, 32), (130, 96)])
+def test_the_int8_kernel_sums_each_channels_integers_times_its_scale(
+    rows: int, out_features: int, in_features: int
+) -> None:
+    values = torch.randn(out_features, in_features, generator=GEN) * 0.05
+    values[0] = 0.0  # an all-zero channel: scale 0, outputs 0
+    qweight, scales = quantize_int8(values)
+    x = torch.randn(rows, in_features, generator=GEN)
+    got = cpu_ops.int8_rows(x, qweight, scales)
+    weights = dequantize_int8(qweight, scales)
+    want = F.linear(x.double(), weights.double())
+    bound = 1e-5 * (x.double().abs() @ weights.double().abs().T) + 1e-6
+    assert got.dtype == torch.float32 and ((got.double() - want).abs() <= bound).all()
+    assert torch.equal(got[:, 0], torch.zeros(rows))
+
+
+def test_int8_quantization_rounds_each_weight_to_half_a_step_of_its_channel() -> None:
+    values = torch.randn(40, 96, generator=GEN) * torch.logspace(-6, 2, 40)[:, None]
+    values[3] = 0.0
+    qweight, scales = quantize_int8(values)
+    assert qweight.dtype == torch.int8 and int(qweight.abs().max()) == 127
+    assert torch.equal(qweight.abs().amax(dim=1)[torch.arange(40) != 3], torch.full((39,), 127))
+    error = (values - dequantize_int8(qweight, scales)).abs()
+    assert (error <= scales[:, None] * 0.5 * (1 + 1e-5)).all()
+    assert torch.equal(dequantize_int8(qweight, scales)[3], torch.zeros(96))

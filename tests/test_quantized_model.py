@@ -1,12 +1,14 @@
 """`quantization="gguf"`: the bundled Q4_1 file served as stored against the same file
 dequantized at load (the same weights), and the torch dequantization against the `gguf`
-package's."""
+package's. `quantization="int8"`: the int8 model against the fp32 model holding the same
+int8 weights widened back."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize
@@ -15,7 +17,8 @@ from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, 
 from minserve.kernels.build import cpu_kernels
 from minserve.llm import LLM
 from minserve.model.default_model import default_model_path
-from minserve.model.loader import load_model
+from minserve.model.int8_linear import dequantize_int8, quantize_int8
+from minserve.model.loader import LoadedModel, load_model
 from minserve.model.quantized_linear import (
     QUANTS,
     QuantizedEmbedding,
@@ -89,7 +92,7 @@ def test_greedy_tokens_are_the_dequantized_models(models) -> None:
 
 
 def test_quantization_is_refused_where_it_cannot_apply(tmp_path) -> None:
-    with pytest.raises(ValueError, match="unknown quantization 'awq'"):
+    with pytest.raises(ValueError, match="unknown quantization 'awq'; choose None, 'gguf' or"):
         load_model(quantization="awq")
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="serves a .gguf file as stored"):
@@ -97,3 +100,34 @@ def test_quantization_is_refused_where_it_cannot_apply(tmp_path) -> None:
     with pytest.raises(ValueError, match="quantization runs in one process"):
         LLM(quantization="gguf", tensor_parallel_size=2)
     assert default_model_path().suffix == ".gguf"
+
+
+def fake_quantized_int8() -> LoadedModel:
+    """The bundled model in fp32 whose every weight matrix is replaced by its int8 values
+    widened back (`dequantize_int8(quantize_int8(w))`): the weights an int8 model holds."""
+    loaded = load_model(prepack=False)
+    with torch.no_grad():
+        for module in loaded.model.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                module.weight.copy_(dequantize_int8(*quantize_int8(module.weight)))
+    return loaded  # the tied head is the embedding's (already widened) weight
+
+
+def test_the_int8_model_holds_int8_rows_and_computes_their_widened_logits() -> None:
+    int8 = load_model(quantization="int8")
+    assert not any(isinstance(m, nn.Linear | nn.Embedding) for m in int8.model.modules())
+    assert int8.model.lm_head.qweight is int8.model.model.embed_tokens.qweight
+    ids = int8.tokenizer.encode("The capital of France is Paris, and the capital of Italy")
+    reference = fake_quantized_int8()
+    got, want = logits(int8, ids), logits(reference, ids)
+    assert (got - want).abs().max() < 1e-3
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    outputs = [
+        [o.outputs[0].token_ids for o in LLM(m, max_num_seqs=4).generate(PROMPTS, params)]
+        for m in (int8, reference)
+    ]
+    assert outputs[0] == outputs[1]
+    fp32 = weight_bytes(load_model(prepack=False).model)
+    assert weight_bytes(int8.model) <= fp32 * 0.26  # a byte a weight, a scale a row
+    assert "int8(per channel: 122 layers; weights" in int8.execution.summary()

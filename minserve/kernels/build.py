@@ -45,6 +45,7 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "quant_rows_q8_0": (None, [_ptr] * 3 + [_i64] * 3),
     "quant_rows_q4_0": (None, [_ptr] * 3 + [_i64] * 3),
     "quant_rows_q4_1": (None, [_ptr] * 3 + [_i64] * 3),
+    "int8_rows": (None, [_ptr] * 4 + [_i64] * 3),
     "dequantize_q8_0": (None, [_ptr] * 2 + [_i64] * 2),
     "dequantize_q4_0": (None, [_ptr] * 2 + [_i64] * 2),
     "dequantize_q4_1": (None, [_ptr] * 2 + [_i64] * 2),

@@ -137,6 +137,25 @@ def quant_rows(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tenso
     return out
 
 
+def int8_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """A few rows through a weight-only int8 linear layer, read as stored: x [N, in],
+    weight int8 [out, in] (in a multiple of 32), scales fp32 [out] -> [N, out] fp32, each
+    output channel's int8 sums times its scale (`quant_rows.c`)."""
+    out_features, in_features = weight.shape
+    if weight.dtype != torch.int8 or in_features % QUANT_BLOCK or x.shape[-1] != in_features:
+        raise ValueError(
+            f"int8 rows need an int8 weight whose {in_features} columns are a multiple of "
+            f"{QUANT_BLOCK} and x with as many features; got {weight.dtype}, x {tuple(x.shape)}"
+        )
+    x = x.to(torch.float32).contiguous()
+    out = torch.empty((x.shape[0], out_features), dtype=torch.float32)
+    cpu_kernels().int8_rows(
+        out.data_ptr(), x.data_ptr(), weight.contiguous().data_ptr(),
+        scales.to(torch.float32).contiguous().data_ptr(), x.shape[0], out_features, in_features,
+    )  # fmt: skip
+    return out
+
+
 def dequantize_blocks(blocks: torch.Tensor, quant: str) -> torch.Tensor:
     """GGUF blocks uint8 [rows, row bytes] -> their weights fp32 [rows, in], widened by the
     C kernel (`quant_rows.c`) with the arithmetic of the `gguf` package's dequantize."""

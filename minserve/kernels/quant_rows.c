@@ -24,13 +24,17 @@
 #include "vec16.h"
 
 enum { BLOCK = 32, XS = 4 };
-typedef enum { Q8_0, Q4_0, Q4_1 } Quant;
+/* I8: a row of plain int8 weights, one fp32 scale per row applied after the sums
+ * (weight-only int8 with a scale per output channel, `int8_linear.py`). */
+typedef enum { Q8_0, Q4_0, Q4_1, I8 } Quant;
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 /* Bytes of one block of 32 weights. */
-ALWAYS_INLINE int64_t block_bytes(Quant t) { return t == Q8_0 ? 34 : t == Q4_0 ? 18 : 20; }
+ALWAYS_INLINE int64_t block_bytes(Quant t) {
+    return t == Q8_0 ? 34 : t == Q4_0 ? 18 : t == Q4_1 ? 20 : BLOCK;
+}
 
 /* An IEEE half (its bits) as a float, subnormals included. */
 static inline float half_to_float(uint16_t h) {
@@ -67,15 +71,17 @@ static inline float half_at(const uint8_t *p) {
 
 /* One block's 32 weights as two vectors: w[0] holds weights 0-15, w[1] weights 16-31. */
 ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
-    const float d = half_at(block);
-    if (t == Q8_0) {
+    if (t == I8 || t == Q8_0) {
+        const int64_t at = t == I8 ? 0 : 2;
+        const float d = t == I8 ? 1.0f : half_at(block); /* I8's scale comes after the sums */
         i8x16 lo, hi;
-        memcpy(&lo, block + 2, sizeof lo);
-        memcpy(&hi, block + 2 + 16, sizeof hi);
+        memcpy(&lo, block + at, sizeof lo);
+        memcpy(&hi, block + at + 16, sizeof hi);
         w[0] = __builtin_convertvector(__builtin_convertvector(lo, i32x16), f32x16) * d;
         w[1] = __builtin_convertvector(__builtin_convertvector(hi, i32x16), f32x16) * d;
         return;
     }
+    const float d = half_at(block);
     u8x16 nibbles;
     memcpy(&nibbles, block + (t == Q4_1 ? 4 : 2), sizeof nibbles);
     const u8x16 low_bits = nibbles & 0x0f, high_bits = nibbles >> 4;
@@ -149,3 +155,14 @@ DEQUANTIZE(dequantize_q4_1, Q4_1)
 QUANT_ROWS(quant_rows_q8_0, Q8_0)
 QUANT_ROWS(quant_rows_q4_0, Q4_0)
 QUANT_ROWS(quant_rows_q4_1, Q4_1)
+
+/* Rows of x against int8 weights w [n, k] with one scale per output channel:
+ * out[i, r] = scales[r] * sum_j x[i, j] * w[r, j]. */
+void int8_rows(float *out, const float *x, const int8_t *w, const float *scales, int64_t m,
+               int64_t n, int64_t k) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        weight_row(out, x, (const uint8_t *)w, m, n, k, r, I8);
+        for (int64_t i = 0; i < m; i++) out[i * n + r] *= scales[r];
+    }
+}

@@ -20,6 +20,7 @@ from minserve.model.gguf_loader import (
 )
 from minserve.model.greedy_head import attach_greedy_screen
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
+from minserve.model.int8_linear import use_int8_weights
 from minserve.model.linear_choice import Shape, tune_kernel_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
 from minserve.model.packed_linear import prepack_linears
@@ -60,8 +61,9 @@ def load_model(
     `fuse`: q/k/v and gate/up as one linear each (`fused_projections.py`); `prepack`: on a
     CPU, reorder the linear weights once for oneDNN (`packed_linear.py`); `quantization`:
     None dequantizes a GGUF file's matrices at load, "gguf" keeps its Q8_0, Q4_0 and Q4_1
-    ones as stored (`quantized_linear.py`). How it runs is resolved here, once
-    (`minserve/execution.py`), and kept as `LoadedModel.execution`."""
+    ones as stored (`quantized_linear.py`), "int8" stores every weight matrix of any
+    checkpoint as int8 with a scale per output channel (`int8_linear.py`). How it runs is
+    resolved here, once (`minserve/execution.py`), and kept as `LoadedModel.execution`."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -87,19 +89,24 @@ def load_model(
             found = quantized_blocks(reader, config, QUANTS)
     net = build_model(config, weights, execution.dtype, execution.device, fuse, found)
     del weights  # the dequantized copies of the quantized matrices go with it
+    if quantization == "int8":
+        layers = use_int8_weights(net, config.tie_word_embeddings, execution.dtype)
     execution = set_up_execution(net, execution)
     if quantization == "gguf":
         execution = replace(execution, quantization=quantized_summary(found, net))
+    if quantization == "int8":
+        summary = f"int8(per channel: {layers} layers; weights {weight_bytes(net) / 2**20:.1f} MiB)"
+        execution = replace(execution, quantization=summary)
     return LoadedModel(path, config, net, tokenizer.for_model(config.vocab_size), execution)
 
 
-QUANTIZATIONS = (None, "gguf")
+QUANTIZATIONS = (None, "gguf", "int8")
 
 
 def check_quantization(quantization: str | None, path: Path) -> None:
-    """None, or "gguf" for a GGUF file (vLLM's names)."""
+    """None, "gguf" for a GGUF file, or "int8" for any checkpoint (vLLM's names)."""
     if quantization not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {quantization!r}; choose None or 'gguf'")
+        raise ValueError(f"unknown quantization {quantization!r}; choose None, 'gguf' or 'int8'")
     if quantization == "gguf" and path.is_dir():
         raise ValueError(f'quantization="gguf" serves a .gguf file as stored; {path} is a folder')
 

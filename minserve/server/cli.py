@@ -29,6 +29,9 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--quantization", default=None, choices=["gguf", "int8"],
+                   help="gguf: a .gguf file's Q8_0/Q4_0/Q4_1 weights as stored; "
+                   "int8: weights int8 per output channel")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: budget)")
@@ -167,7 +170,7 @@ def _start_cluster(args: argparse.Namespace) -> DisaggregatedEngine:
 def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """`LLM`'s keyword arguments from the flags (every instance gets the same)."""
     return dict(
-        dtype=args.dtype, max_model_len=args.max_model_len,
+        dtype=args.dtype, quantization=args.quantization, max_model_len=args.max_model_len,
         block_size=args.block_size, num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes, swap_space=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization,
