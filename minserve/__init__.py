@@ -8,6 +8,10 @@ The offline API mirrors vLLM's:
     print(out[0].outputs[0].text)
 """
 
+# OpenMP's threads sleep rather than spin between parallel regions (a busy core elsewhere
+# would stall every region); libgomp reads that as torch loads it, so this comes first.
+from minserve import openmp_env  # noqa: F401, I001
+
 # On a machine without CUDA, Triton kernels run in its interpreter; Triton reads that choice
 # (TRITON_INTERPRET=1) as it is imported, so the package makes it before anything else.
 from minserve.attention import triton_env  # noqa: F401

@@ -29,6 +29,7 @@ from minserve.environment import (
 )
 from minserve.kernels.cpu_ops import KERNEL_DTYPES
 from minserve.kernels.onednn import can_prepack
+from minserve.openmp_env import openmp_waits
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,6 +56,7 @@ class ExecutionConfig:
     c_kernels_missing: str | None = None  # why they are off although switched on
     device_why: str = ""  # why this device: "auto: no CUDA device is usable: ..."
     quantization: str = "none"  # "gguf(Q4_1:210,Q8_0:1; weights 97.1 MiB)": kept as stored
+    openmp_waits: str = "passive"  # how OpenMP threads wait between regions (openmp_env.py)
 
     def with_attention(self, name: str) -> ExecutionConfig:
         """This config with the attention backend `name` ("auto": the default) resolved."""
@@ -71,6 +73,7 @@ class ExecutionConfig:
             "linear_rows": self._rows_text(),
             "greedy_screen": _on_off(self.greedy_screen),
             "quantization": self.quantization,
+            "openmp_waits": self.openmp_waits,
             "kernel_cache": str(self.kernel_cache),
         }
         return "execution: " + " ".join(f"{k}={v}" for k, v in fields.items())
@@ -118,6 +121,7 @@ def resolve_execution(
         kernel_cache=kernel_cache_dir(env),
         c_kernels_missing=missing,
         device_why=choice.why,
+        openmp_waits=openmp_waits(),
     )
 
 
