@@ -29,6 +29,9 @@ from minserve.bench.offline import OfflineResult, offline_workload
 
 BURNER = "while True:\n    pass\n"  # one core's worth of someone else's work
 PEERS = ("minserve", "hf16")
+# Hugging Face as it runs without minserve: libgomp's default wait (300000 spins, then sleep)
+# rather than the passive waits minserve's import sets (`minserve/openmp_env.py`)
+PEER_ENV = {"hf16": {"GOMP_SPINCOUNT": "300000"}, "hf64": {"GOMP_SPINCOUNT": "300000"}}
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ def run_busy(
     procs = [subprocess.Popen([sys.executable, "-c", BURNER]) for _ in range(burners)]
     busy = replace(settings, max_load=None)  # the burners are the load: do not wait for quiet
     try:
-        return run_one(peer, dtype, workdir, workdir / "workload.json", busy)
+        return run_one(peer, dtype, workdir, workdir / "workload.json", busy, PEER_ENV.get(peer))
     finally:
         for p in procs:
             p.kill()
@@ -74,7 +77,8 @@ def measure(settings: SuiteSettings, burners: int) -> list[ContentionRow]:
         save_workload(workload, workdir / "workload.json")
         for peer in settings.peers:
             for dtype in settings.dtypes:
-                quiet = run_one(peer, dtype, workdir, workdir / "workload.json", settings)
+                workload_path = workdir / "workload.json"
+                quiet = run_one(peer, dtype, workdir, workload_path, settings, PEER_ENV.get(peer))
                 busy = run_busy(peer, dtype, workdir, settings, burners)
                 for r in (quiet, busy):
                     if not r.ok:

@@ -20,7 +20,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+# isort: off
+# before torch, as `import minserve` is in a user's program: OpenMP's waits (openmp_env.py)
+from minserve import openmp_env  # noqa: F401
 import torch
+# isort: on
 
 from minserve.bench.offline import (
     TEMPERATURE,

@@ -34,6 +34,7 @@ from benchmarks.run_env import (
     wait_for_quiet,
 )
 from benchmarks.vllm_peer import INSTALL_VLLM, vllm_env
+from minserve import openmp_env
 from minserve.bench import offline
 from minserve.bench.checkpoint import hf_model_folder, model_path, vocab_size
 from minserve.bench.offline import (
@@ -91,7 +92,12 @@ def peer_command(
 
 
 def run_one(
-    peer: str, dtype: str, workdir: Path, workload: Path, settings: SuiteSettings
+    peer: str,
+    dtype: str,
+    workdir: Path,
+    workload: Path,
+    settings: SuiteSettings,
+    extra_env: dict[str, str] | None = None,
 ) -> OfflineResult:
     """Run one peer in a subprocess and read back its result (or say why there is none)."""
     if peer == "vllm" and not settings.vllm_python.exists():
@@ -99,8 +105,11 @@ def run_one(
         return OfflineResult(peer, dtype, "not installed", note=note)
     result_path = workdir / f"{peer}-{dtype}.json"
     log_path = workdir / f"{peer}-{dtype}.log"
-    command, extra_env = peer_command(peer, dtype, workload, result_path, settings)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra_env}
+    command, peer_env = peer_command(peer, dtype, workload, result_path, settings)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **peer_env}
+    if not openmp_env.USER_CHOICE:  # each peer makes its own (minserve's import sets it)
+        env.pop(openmp_env.WAIT_POLICY, None)
+    env.update(extra_env or {})
     load_start = wait_for_quiet(settings.max_load, settings.max_wait_s)
     with log_path.open("w") as log:
         try:
