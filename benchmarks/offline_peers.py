@@ -124,11 +124,17 @@ def run_hf_static(
 
 
 def run_peer(
-    peer: str, workload: Sequence[OfflineRequest], dtype: str, model: str | Path | None = None
+    peer: str,
+    workload: Sequence[OfflineRequest],
+    dtype: str,
+    model: str | Path | None = None,
+    options: dict[str, Any] | None = None,
 ) -> OfflineResult:
-    """Run one in-process peer by name (see IN_PROCESS_PEERS; vLLM runs in its own venv)."""
+    """Run one in-process peer by name (see IN_PROCESS_PEERS; vLLM runs in its own venv);
+    `options`: more `LLM` keyword arguments for minserve."""
     if peer in ("minserve", "reference"):
-        return run_minserve(workload, "paged" if peer == "minserve" else "reference", dtype, model)
+        engine = "paged" if peer == "minserve" else "reference"
+        return run_minserve(workload, engine, dtype, model, options)
     if peer in HF_BATCH_SIZES:
         return run_hf_static(workload, HF_BATCH_SIZES[peer], dtype, model)
     raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(IN_PROCESS_PEERS)}")
@@ -143,9 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--result", type=Path, required=True)
     p.add_argument("--model", default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--llm-options", type=json.loads, default=None, metavar="JSON",
+        help="more LLM arguments for minserve, as a JSON object",
+    )  # fmt: skip
     args = p.parse_args(argv)
     torch.manual_seed(args.seed)
-    result = run_peer(args.peer, load_workload(args.workload), args.dtype, args.model)
+    workload = load_workload(args.workload)
+    result = run_peer(args.peer, workload, args.dtype, args.model, args.llm_options)
     args.result.write_text(json.dumps(result.to_dict(), indent=2))
     return 0
 

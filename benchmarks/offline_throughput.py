@@ -67,6 +67,7 @@ class SuiteSettings:
     max_load: float | None = None  # wait before each peer until the 1-min load is below this
     max_wait_s: float = 600.0
     timeout_s: float = 3600.0
+    llm_options: tuple[tuple[str, Any], ...] = ()  # more LLM arguments for minserve's peers
 
 
 # ---------------------------------------------------------------- one peer, one process
@@ -80,6 +81,8 @@ def peer_command(
     if peer != "vllm":
         model = [] if settings.model is None else ["--model", settings.model]
         args = ["-m", "benchmarks.offline_peers", "--peer", peer, "--dtype", dtype, *model]
+        if settings.llm_options:
+            args += ["--llm-options", json.dumps(dict(settings.llm_options))]
         return [sys.executable, *args, *files], {}
     folder = hf_model_folder(settings.hf_folder, settings.model)
     python = settings.vllm_python

@@ -92,3 +92,25 @@ def test_suite_rejects_unknown_peers(capsys) -> None:
         main(["--peers", "minserve,sglang"])
     assert exited.value.code == 2
     assert "unknown peer 'sglang'" in capsys.readouterr().err
+
+
+def test_fewer_bytes_reads_targets_and_floors_from_its_rows() -> None:
+    from benchmarks.fewer_bytes import CONFIGS, step_bytes, targets
+    from minserve.bench.offline import OfflineResult
+
+    rows = [
+        {"config": "minserve bf16", "workload": "offline", "tok_s": 300.0},
+        {"config": "vllm bf16", "workload": "offline", "tok_s": 200.0},
+        {"config": "minserve bf16", "workload": "batch1", "tok_s": 50.0, "share_of_floor": 0.4},
+        {"config": "vllm bf16", "workload": "batch1", "status": "failed"},
+    ]
+    verdicts = {name: (got, met) for name, got, _, met in targets(rows)}
+    assert verdicts["offline bf16 vs vLLM bf16"] == (1.5, True)
+    assert verdicts["batch-1 bf16, share of the bandwidth floor"] == (0.4, False)
+    assert verdicts["batch-1 gguf vs vLLM bf16 batch-1"] == (None, None)
+    by_name = {c.name: c for c in CONFIGS}
+    summary = "quantization=gguf(Q4_1:210; weights 92.0 MiB)"
+    gguf = OfflineResult("minserve", "float32", "ok", 1, 1, 1.0, details={"execution": summary})
+    assert step_bytes(by_name["minserve gguf"], gguf, 1000) == 92 * 2**20
+    plain = OfflineResult("vllm", "bfloat16", "ok", 1, 1, 1.0)
+    assert step_bytes(by_name["vllm bf16"], plain, 1000) == 500

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -105,11 +105,13 @@ def run_minserve(
     engine: str = "paged",
     dtype: str = "float32",
     model: str | Path | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> OfflineResult:
-    """minserve's `LLM.generate` over the whole workload at once (paged engine or reference)."""
+    """minserve's `LLM.generate` over the whole workload at once (paged engine or reference);
+    `options`: more `LLM` keyword arguments (quantization, kv_cache_dtype, ...)."""
     from minserve import LLM, SamplingParams
 
-    llm = LLM(model, dtype=dtype, device="cpu", engine=engine)
+    llm = LLM(model, dtype=dtype, device="cpu", engine=engine, **(options or {}))
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in workload]
     params = [
         SamplingParams(temperature=TEMPERATURE, max_tokens=r.max_tokens, ignore_eos=True)
@@ -121,7 +123,12 @@ def run_minserve(
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    details = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    details = {
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "options": dict(options or {}),
+        "execution": llm.get_execution_config().summary(),
+    }
     if engine == "paged":
         after = llm.get_metrics()
         for name in ("num_steps", "num_preemptions"):
