@@ -323,7 +323,7 @@ class Scheduler:
             num_draft_slots=num_draft_slots,
             num_prompt_tokens=len(seq.sample.prompt_token_ids),
             prompt_logprobs=seq.sample.params.prompt_logprobs or 0,
-            prompt_targets=prompt_targets(seq, start, end),
+            prompt_targets=seq.prompt_targets(start, end),
         )
 
     def update_from_output(
@@ -425,15 +425,6 @@ class Scheduler:
 
 
 # <<< exercise
-
-
-def prompt_targets(seq: Sequence, start: int, end: int) -> tuple[int, ...]:
-    """The prompt tokens that positions start..end-1 predict, for a sequence that asks for
-    prompt logprobs and has no output yet (a recompute after its first token skips them)."""
-    prompt = seq.sample.prompt_token_ids
-    if seq.sample.params.prompt_logprobs is None or seq.sample.token_ids:
-        return ()
-    return tuple(prompt[start + 1 : min(end, len(prompt) - 1) + 1])
 
 
 # >>> exercise 3.2: update_from_output(): move each sequence on by what the step produced
