@@ -107,12 +107,18 @@ def test_prompt_logprobs_must_not_be_negative() -> None:
         SamplingParams(prompt_logprobs=-1)
 
 
-def test_windows_score_every_token_after_the_first_once() -> None:
-    for n, window, stride in [(40, 16, 8), (40, 16, 16), (17, 16, 5), (2, 2, 1), (100, 7, 3)]:
+def test_overlapping_windows_score_every_token_after_the_first_once() -> None:
+    for n, window, stride in [(40, 16, 8), (17, 16, 5), (2, 2, 1), (100, 7, 3)]:
         spans = windows(n, window, stride)
         scored = [p for w in spans for p in range(w.first_scored, w.end)]
         assert scored == list(range(1, n))
         assert all(w.end - w.begin <= window and w.begin < w.first_scored for w in spans)
+
+
+def test_windows_without_overlap_skip_each_window_first_token() -> None:
+    spans = windows(40, 16, 16)  # no context for tokens 0, 16 and 32
+    scored = [p for w in spans for p in range(w.first_scored, w.end)]
+    assert scored == [p for p in range(40) if p % 16 != 0]
     assert [(w.begin, w.end, w.first_scored) for w in windows(20, 8, 4)] == [
         (0, 8, 1), (4, 12, 8), (8, 16, 12), (12, 20, 16)
     ]  # fmt: skip
@@ -135,7 +141,7 @@ def test_perplexity_matches_transformers(llm: LLM, hf_logprobs, window: int, str
             nll -= rows[p - w.begin - 1, ids[p]].item()
             count += 1
     result = perplexity(llm, ids, window, stride)
-    assert result.num_scored_tokens == count == len(ids) - 1
+    assert result.num_scored_tokens == count
     assert result.perplexity == pytest.approx(math.exp(nll / count), rel=1e-4)
 
 

@@ -4,7 +4,8 @@ The text's token ids are cut into windows of at most `window` tokens, `stride` a
 Face's "Perplexity of fixed-length models" guide). Each window runs as one prompt with
 `prompt_logprobs=0`, and only the tokens no earlier window scored count: with a stride
 shorter than the window, the overlap is context for the window's tail. A window's first
-token has no context in it, so the text's first token is never scored.
+token has no context in it: the text's first token is never scored, and without overlap
+(stride = window) neither is any window's first token.
 
     window 0: [t0 ............ t7]         scores t1..t7
     window 1:          [t4 ............ t11]  scores t8..t11   (window 8, stride 4)
