@@ -22,7 +22,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("perplexity", help="perplexity of a model on a text")
     p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--quantization", default=None, help='"gguf": keep GGUF blocks as stored')
+    p.add_argument("--quantization", default=None, help="LLM's quantization option (gguf, ...)")
     p.add_argument("--text", type=Path, default=None, help="UTF-8 text (default: bundled)")
     p.add_argument("--window", type=int, default=None,
                    help="tokens per window (default: max_model_len - 1)")  # fmt: skip
