@@ -154,3 +154,19 @@ def test_bundled_text_is_english_prose_of_a_few_kilobytes() -> None:
     text = bundled_text()
     assert 2000 <= len(text.encode()) <= 4096
     assert text.startswith("It is a truth universally acknowledged")
+
+
+def test_prompt_logprobs_survive_preemption(tiny_model) -> None:
+    roomy = LLM(tiny_model("llama"), num_blocks=256, block_size=4)
+    tight = LLM(roomy.loaded, num_blocks=24, block_size=4, max_num_batched_tokens=8)
+    prompts = [[(7 * i + 3 * j) % 500 + 10 for j in range(14)] for i in range(4)]
+    params = SamplingParams(prompt_logprobs=2, max_tokens=24, temperature=0, ignore_eos=True)
+    alone = roomy.generate(prompts, params, use_tqdm=False)
+    crowded = tight.generate(prompts, params, use_tqdm=False)
+    assert tight.get_metrics()["num_preemptions"] > 0
+    for a, b in zip(alone, crowded):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        assert len(b.prompt_logprobs) == len(a.prompt_logprobs) == 14
+        for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
+            assert x.keys() == y.keys()
+            assert all(x[t].logprob == pytest.approx(y[t].logprob, abs=1e-5) for t in x)
