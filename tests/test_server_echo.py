@@ -104,3 +104,16 @@ def test_streamed_echo_sends_the_prompt_first(url: str, oracle: LLM) -> None:
     completion = oracle.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
     assert texts[0].startswith(PROMPT)
     assert "".join(texts) == PROMPT + completion.text
+
+
+def test_streamed_echo_with_logprobs_and_max_tokens_0_is_the_prompt(url: str) -> None:
+    whole = complete(url, echo=True, logprobs=1, max_tokens=0)["choices"][0]
+    body = {"model": MODEL, "prompt": PROMPT, "temperature": 0, "max_tokens": 0, "echo": True,
+            "logprobs": 1, "stream": True}  # fmt: skip
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(line)["choices"][0] for line in lines[:-1]]
+    assert "".join(c["text"] for c in chunks) == PROMPT
+    assert chunks[0]["logprobs"]["tokens"] == whole["logprobs"]["tokens"]
+    assert chunks[0]["logprobs"]["token_logprobs"] == whole["logprobs"]["token_logprobs"]
+    assert chunks[-1]["finish_reason"] == "length"
