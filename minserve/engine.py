@@ -301,6 +301,7 @@ class LLMEngine:
         self._record_step(sched_out)
         self._abort_failed(run_out.failed)  # before the scheduler looks for their tokens
         new_tokens = self.scheduler.update_from_output(sched_out, run_out)
+        self.output_processor.add_prompt_logprobs(run_out.prompt_logprobs)
         processed = self._process(new_tokens)
         self._abort_failed(processed.failed)
         self.worker.release(self.scheduler.take_finished_ids())

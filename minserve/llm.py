@@ -230,6 +230,8 @@ class LLM:
         for (_, token_ids), sp in zip(tokenized, params):
             validate_prompt(token_ids, vocab_size, self.max_model_len)
             validate_params(sp, vocab_size)
+        if self.engine is None and any(sp.prompt_logprobs is not None for sp in params):
+            raise ValueError("prompt_logprobs needs the paged engine (engine='paged')")
         request_ids = [str(next(self._ids)) for _ in tokenized]
         failed: dict[str, str] = {}  # request id -> why, filled as requests fail
         deltas = (

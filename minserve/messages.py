@@ -97,6 +97,11 @@ class ScheduledChunk:
     samples: tuple[SamplingRow, ...] = ()
     num_draft_slots: int = 0  # speculative decoding: slots reserved for drafts after it
     num_prompt_tokens: int = 0
+    # prompt_logprobs: the top-k asked for, and the prompt tokens its positions predict
+    # (token_ids[i] predicts prompt_targets[i]; the prompt's last position predicts output,
+    # so it is not among them). Empty for every other chunk: no extra logits.
+    prompt_logprobs: int = 0
+    prompt_targets: tuple[int, ...] = ()
 
     @property
     def num_new_tokens(self) -> int:
@@ -151,6 +156,20 @@ class SampledTokens:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """A chunk's prompt logprobs: for the prompt tokens at positions `first`, `first` + 1, ...
+    each one's logprob given the tokens before it, its rank (1: the most likely) and the
+    top-k token ids with their logprobs (most likely first)."""
+
+    first: int  # position of token_ids[0] in the prompt (>= 1)
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    ranks: tuple[int, ...]
+    top_ids: tuple[tuple[int, ...], ...]
+    top_logprobs: tuple[tuple[float, ...], ...]
+
+
+@dataclass(frozen=True)
 class ModelRunnerOutput:
     """The worker's answer: per sampling chunk, one `SampledTokens` per row of its `samples`.
 
@@ -163,6 +182,7 @@ class ModelRunnerOutput:
     num_drafts: dict[int, int] = field(default_factory=dict)  # seq id -> drafts verified
     num_draft_rounds: int = 0  # sequential draft positions this step (the longest draft)
     timings: StepTimings | None = None  # the worker's phases: propose, prepare, forward, sample
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # by request id
 
 
 # --- scheduler -> output processor ---

@@ -17,12 +17,19 @@ new (a delta). The server streams deltas as they are; `LLM.generate` adds them u
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minserve.messages import NewTokens
+from minserve.messages import NewTokens, PromptLogprobs
 from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.model.tokenizer import Tokenizer
-from minserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minserve.outputs import (
+    CompletionOutput,
+    Logprob,
+    PromptLogprobsList,
+    RequestMetrics,
+    RequestOutput,
+)
 from minserve.sampling_params import SamplingParams
 from minserve.stop_strings import StopStringMatcher
 
@@ -100,10 +107,31 @@ class RequestState:
     samples: list[SampleOutput]
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    prompt_logprobs: PromptLogprobsList | None = None  # filled as prompt chunks are scored
+    prompt_logprobs_sent: bool = False  # they go out with the request's first output
 
     @property
     def finished(self) -> bool:
         return all(s.finished for s in self.samples)
+
+    def add_prompt_logprobs(self, scored: PromptLogprobs, token_text: Callable[[int], str]) -> None:
+        """Record a chunk's scored prompt tokens at their positions (a chunk computed again
+        after a preemption writes the same values again)."""
+        assert self.prompt_logprobs is not None
+        for i, token_id in enumerate(scored.token_ids):
+            entry = {token_id: Logprob(scored.logprobs[i], scored.ranks[i], token_text(token_id))}
+            for rank, (top_id, value) in enumerate(
+                zip(scored.top_ids[i], scored.top_logprobs[i]), start=1
+            ):
+                entry.setdefault(top_id, Logprob(value, rank, token_text(top_id)))
+            self.prompt_logprobs[scored.first + i] = entry
+
+    def take_prompt_logprobs(self) -> PromptLogprobsList | None:
+        """The prompt logprobs, the first time only (None after, and without them)."""
+        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
 
 @dataclass
@@ -163,6 +191,8 @@ class OutputProcessor:
         state = RequestState(
             request_id, prompt, list(prompt_token_ids), samples, RequestMetrics(arrival_time)
         )
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] * len(prompt_token_ids)
         self.requests[request_id] = state
 
     def forget(self, request_id: str) -> None:
@@ -171,6 +201,16 @@ class OutputProcessor:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def add_prompt_logprobs(self, scored: dict[str, PromptLogprobs]) -> None:
+        """A step's scored prompt chunks, by request id (gone requests are skipped)."""
+        for request_id, chunk in scored.items():
+            state = self.requests.get(request_id)
+            if state is not None:
+                state.add_prompt_logprobs(chunk, self._token_text)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def process(self, new_tokens: list[NewTokens]) -> ProcessedStep:
         """Each sample's delta, gathered per request in the order the requests come.
@@ -218,4 +258,5 @@ class OutputProcessor:
             finished=state.finished,
             metrics=metrics,
             num_cached_tokens=state.num_cached_tokens,
+            prompt_logprobs=state.take_prompt_logprobs(),
         )

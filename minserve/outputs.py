@@ -11,6 +11,21 @@ import dataclasses
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """One token's entry in `RequestOutput.prompt_logprobs` (vLLM's `Logprob`): its logprob,
+    its rank in the model's distribution (1: the most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One entry per prompt token: None for the first (nothing predicts it), then token id ->
+# Logprob for the prompt's token and the top-k alternatives.
+PromptLogprobsList = list[dict[int, Logprob] | None]
+
+
 @dataclass
 class CompletionOutput:
     """One generated sequence of a request (one of its `n` samples)."""
@@ -62,6 +77,9 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    # With SamplingParams(prompt_logprobs=k): the request's first output carries them all
+    # (the prompt is scored before its first token); later deltas hold None.
+    prompt_logprobs: PromptLogprobsList | None = None
 
 
 class OutputAccumulator:

@@ -46,6 +46,9 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    # Per prompt token after the first: its logprob given the tokens before it, plus the
+    # top `prompt_logprobs` alternatives (`RequestOutput.prompt_logprobs`); 0: the token's own.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -80,6 +83,10 @@ class SamplingParams:
         _check(
             self.logprobs is None or self.logprobs >= 0,
             f"logprobs must be >= 0, got {self.logprobs}",
+        )
+        _check(
+            self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+            f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}",
         )
         _check(
             all(self.stop_strings),

@@ -64,7 +64,7 @@ def test_request_schemas_carry_the_ranges_and_this_servers_limits(spec, llm) -> 
     penalty = fields["repetition_penalty"]  # SamplingParams' ranges: nothing valid is refused
     assert (penalty["minimum"], penalty["maximum"]) == (0.01, 100)
     assert (fields["presence_penalty"]["minimum"], fields["presence_penalty"]["maximum"]) == (-2, 2)
-    assert fields["max_tokens"]["minimum"] == 1
+    assert fields["max_tokens"]["minimum"] == 0  # 0 with echo: the prompt alone
     assert fields["max_tokens"]["maximum"] == MAX_MODEL_LEN - 1
     assert fields["seed"]["anyOf"][0] == {"type": "integer", "minimum": -(2**63),
                                           "maximum": 2**64 - 1}  # fmt: skip

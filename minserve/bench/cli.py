@@ -8,6 +8,7 @@ from minserve.bench import (
     chunked_itl_command,
     disagg,
     offline,
+    perplexity_command,
     prefix_command,
     router,
     sched_overhead,
@@ -20,5 +21,5 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="measure minserve (or any OpenAI server)")
     kinds = bench.add_subparsers(dest="bench", required=True)
     for command in (offline, chunked_itl_command, sched_overhead, serve, prefix_command, router,
-                    disagg, speculative_command):  # fmt: skip
+                    disagg, speculative_command, perplexity_command):  # fmt: skip
         command.add_parser(kinds)

@@ -4,7 +4,8 @@ For each scheduled chunk it lays out the tokens it computes this step (a decode'
 token, or a prefill chunk), their positions and pool slots (through the block table),
 runs the decoder once over the whole flat batch, and returns logits only for chunks that
 sample next (a speculating decode gets one row per position it verifies: its token and
-each draft).
+each draft). A chunk that asks for prompt logprobs adds one row per prompt position it
+scores, after all the sampling rows; other chunks add none.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ class ModelInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     metadata: AttentionMetadata
-    sample_indices: torch.Tensor  # [num_sampling]: flat index of each logits row's token
+    # [num_sampling + num_prompt_rows]: flat index of each logits row's token, the sampling
+    # rows first, then the prompt positions scored for prompt logprobs
+    sample_indices: torch.Tensor
 
 
 def slot_of(block_table: Sequence[int], block_size: int, position: int) -> int:
@@ -57,8 +60,10 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         sample_indices: list[int] = []
+        prompt_rows: list[int] = []
         query_lens: list[int] = []
         for c in chunks:
+            prompt_rows += range(len(input_ids), len(input_ids) + len(c.prompt_targets))
             own = drafts.get(c.seq_id, ())
             tokens = [*c.token_ids, *own]
             span = range(c.start, c.start + len(tokens))
@@ -81,16 +86,19 @@ class ModelRunner:
             input_ids=torch.tensor(input_ids, device=self.device),
             positions=torch.tensor(positions, device=self.device),
             metadata=metadata,
-            sample_indices=torch.tensor(sample_indices, dtype=torch.long, device=self.device),
+            sample_indices=torch.tensor(
+                sample_indices + prompt_rows, dtype=torch.long, device=self.device
+            ),
         )
 
     def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
-        """Forward the chunks; logits [num_sampling, vocab] in the order of `chunks`."""
+        """Forward the chunks; logits [num_rows, vocab]: sampling rows in the order of
+        `chunks`, then prompt-logprob rows."""
         return self.forward(self.prepare(chunks))
 
     @torch.inference_mode()
     def forward(self, inputs: ModelInputs, num_layers: int | None = None) -> torch.Tensor:
-        """The decoder over prepared inputs; logits [num_sampling, vocab]. `num_layers`
+        """The decoder over prepared inputs; logits [num_rows, vocab]. `num_layers`
         stops after the first layers (early-exit drafting)."""
         return self.model.compute_logits(self.sampled_hidden(inputs, num_layers))
 
@@ -100,7 +108,7 @@ class ModelRunner:
         return self.model.greedy_tokens(self.sampled_hidden(inputs))
 
     def sampled_hidden(self, inputs: ModelInputs, num_layers: int | None = None) -> torch.Tensor:
-        """The decoder's final hidden states at the sampling rows [num_sampling, hidden]."""
+        """The decoder's final hidden states at the logits rows [num_rows, hidden]."""
         attention: AttentionFn = self.backend(self.kv, inputs.metadata)
         hidden = self.model(inputs.input_ids, inputs.positions, attention, num_layers)
-        return hidden[inputs.sample_indices]  # [num_sampling, hidden]
+        return hidden[inputs.sample_indices]  # [num_rows, hidden]

@@ -211,9 +211,11 @@ class Scheduler:
         """Tokens `seq` may compute now: all it needs, or a chunk of it (Sarathi-Serve).
 
         A waiting sequence first picks up the cached blocks of its longest cached prefix
-        (prefix caching): those tokens are computed already.
+        (prefix caching): those tokens are computed already. Not one that asks for prompt
+        logprobs: a cached prefix has no logits, so it computes its whole prompt (as vLLM).
         """
-        if seq.status is SeqStatus.WAITING and not seq.block_table.blocks:
+        reuses = seq.sample.params.prompt_logprobs is None
+        if seq.status is SeqStatus.WAITING and not seq.block_table.blocks and reuses:
             seq.num_computed_tokens = self.kv.reuse_prefix(seq.block_table, seq.token_ids)
         return self.chunk_rule(
             seq.num_uncomputed_tokens, budget, self.config.enable_chunked_prefill
@@ -320,6 +322,8 @@ class Scheduler:
             samples=samples,
             num_draft_slots=num_draft_slots,
             num_prompt_tokens=len(seq.sample.prompt_token_ids),
+            prompt_logprobs=seq.sample.params.prompt_logprobs or 0,
+            prompt_targets=seq.prompt_targets(start, end),
         )
 
     def update_from_output(

@@ -50,6 +50,15 @@ class Sequence:
             return tuple(output[start - n : end - n])
         return tuple(prompt[start:end]) + tuple(output[: max(0, end - n)])
 
+    def prompt_targets(self, start: int, end: int) -> tuple[int, ...]:
+        """The prompt tokens that positions start..end-1 predict, when the request asks for
+        prompt logprobs and has no output yet (a recompute after its first token skips them;
+        the prompt's last position predicts output, not a prompt token)."""
+        prompt = self.sample.prompt_token_ids
+        if self.sample.params.prompt_logprobs is None or self.sample.token_ids:
+            return ()
+        return tuple(prompt[start + 1 : min(end, len(prompt) - 1) + 1])
+
     @property
     def num_tokens(self) -> int:
         return self.sample.num_tokens

@@ -1,7 +1,7 @@
 """The OpenAI request bodies the server accepts, as strict pydantic models.
 
-Every field is honoured or the request is refused: unknown fields (`echo`, `tools`,
-`logit_bias`, ...) are rejected with 400 rather than silently ignored, and values must have
+Every field is honoured or the request is refused: unknown fields (`tools`, `logit_bias`,
+`suffix`, ...) are rejected with 400 rather than silently ignored, and values must have
 their JSON type ("5" is not a number). Two rules follow JSON's number model rather than
 Python's: an integral float (2.0) is an integer, as OpenAI's API takes it, and numbers are
 finite (Python's JSON reader would take `Infinity`, `NaN` and 1e999). Integers fit in 64
@@ -129,7 +129,19 @@ class _SamplingRequest(_Strict):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    @property
+    def echoes_prompt(self) -> bool:
+        """Each choice starts with its prompt (/v1/completions' `echo`)."""
+        return False
+
+    @property
+    def prompt_only(self) -> bool:
+        """Echo with max_tokens 0: the prompt alone, the engine's one token dropped."""
+        return False
+
+    def _sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         """Raises ValueError naming the parameter (SamplingParams validates the ranges)."""
         return SamplingParams(
             n=self.n,
@@ -148,6 +160,7 @@ class _SamplingRequest(_Strict):
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
         )
 
@@ -156,11 +169,26 @@ class CompletionRequest(_SamplingRequest):
     """POST /v1/completions: one prompt or a batch (text or token ids)."""
 
     prompt: Prompt
-    max_tokens: Int64 | None = Field(16, json_schema_extra=bounds(ge=1))
+    max_tokens: Int64 | None = Field(16, json_schema_extra=bounds(ge=0))  # 0: with echo only
     logprobs: integer(0, MAX_LOGPROBS) | None = None
+    echo: bool = False
+
+    @property
+    def echoes_prompt(self) -> bool:
+        return self.echo
+
+    @property
+    def prompt_only(self) -> bool:
+        return self.echo and self.max_tokens == 0
 
     def sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        """With echo and logprobs, the prompt's tokens are scored too (prompt_logprobs).
+        max_tokens 0 (echo only, as vLLM) runs one token that the response leaves out."""
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1, got 0 (0 needs echo: true)")
+        max_tokens = 1 if self.prompt_only else self.max_tokens
+        prompt_logprobs = self.logprobs if self.echo else None
+        return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs)
 
     def prompts(self) -> list[str | list[int]]:
         """The batch as a list: each item is a text or a list of token ids."""

@@ -26,6 +26,19 @@ def sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
+TokenLogprobs = dict[int, float]  # token id -> logprob: the token's own and the top ones
+
+
+@dataclass(frozen=True)
+class PromptEcho:
+    """A prompt shown before its choice's output (/v1/completions' `echo`): its text (None
+    when given as token ids) and, with logprobs, its tokens' (None for the first token)."""
+
+    text: str | None
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] | None
+
+
 @dataclass(frozen=True)
 class Piece:
     """New output of one choice since the last chunk (or all of it, when not streaming)."""
@@ -33,9 +46,10 @@ class Piece:
     index: int
     text: str
     token_ids: list[int]
-    logprobs: list[dict[int, float]] | None
+    logprobs: list[TokenLogprobs] | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    prompt: PromptEcho | None = None  # echo: the choice's first piece starts with its prompt
 
 
 class ChoiceFormat:
@@ -67,27 +81,43 @@ class CompletionFormat(ChoiceFormat):
     object, chunk_object = "text_completion", "text_completion"
 
     def choice(self, piece: Piece) -> dict:
-        return {"index": piece.index, "text": piece.text, "logprobs": self.logprobs(piece),
+        return {"index": piece.index, "text": self.text(piece), "logprobs": self.logprobs(piece),
                 "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}  # fmt: skip
 
     def chunk_choice(self, piece: Piece, first: bool) -> dict:
-        return {"index": piece.index, "text": piece.text, "logprobs": self.logprobs(piece),
+        return {"index": piece.index, "text": self.text(piece), "logprobs": self.logprobs(piece),
                 "finish_reason": piece.finish_reason}  # fmt: skip
 
+    def text(self, piece: Piece) -> str:
+        """The piece's text, after its prompt's when it echoes one."""
+        if piece.prompt is None:
+            return piece.text
+        prompt = piece.prompt.text
+        if prompt is None:
+            prompt = self.tokenizer.decode(piece.prompt.token_ids, skip_special_tokens=False)
+        return prompt + piece.text
+
     def logprobs(self, piece: Piece) -> dict | None:
+        """OpenAI's legacy logprobs; an echoed prompt's tokens come first (the first one's
+        logprob and top logprobs null: nothing predicts it)."""
         if piece.logprobs is None:
             return None
-        tokens = [self.token_text(t) for t in piece.token_ids]
+        token_ids = piece.token_ids
+        logprobs: list[TokenLogprobs | None] = list(piece.logprobs)
+        if piece.prompt is not None and piece.prompt.logprobs is not None:
+            token_ids = piece.prompt.token_ids + token_ids
+            logprobs = piece.prompt.logprobs + logprobs
+        tokens = [self.token_text(t) for t in token_ids]
         offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
         return {
             "tokens": tokens,
-            "token_logprobs": [lp[t] for t, lp in zip(piece.token_ids, piece.logprobs)],
-            "top_logprobs": [
-                {self.token_text(t): v for t, v in sorted(lp.items(), key=lambda kv: -kv[1])}
-                for lp in piece.logprobs
-            ],
+            "token_logprobs": [None if lp is None else lp[t] for t, lp in zip(token_ids, logprobs)],
+            "top_logprobs": [None if lp is None else self._top(lp) for lp in logprobs],
             "text_offset": offsets,
         }
+
+    def _top(self, logprobs: TokenLogprobs) -> dict[str, float]:
+        return {self.token_text(t): v for t, v in sorted(logprobs.items(), key=lambda kv: -kv[1])}
 
 
 class ChatFormat(ChoiceFormat):

@@ -36,7 +36,7 @@ from minserve.server.errors import APIError, check_api_key, from_validation
 from minserve.server.limits import ServerLimits
 from minserve.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
 from minserve.server.responses import ChatFormat, ChoiceFormat, CompletionFormat, sse, usage
-from minserve.server.streaming import ChoiceStream, token_counts, whole_pieces
+from minserve.server.streaming import ChoiceStream, token_counts, whole_pieces, without_output
 
 Prompt = tuple[str | None, list[int]]  # (text if given as text, token ids)
 
@@ -102,13 +102,15 @@ class OpenAIServing:
         response_id = f"{kind}-{uuid.uuid4().hex}"
         model = self.config.model_name
         if body.stream:
-            events = _events(stream, ChoiceStream(params.n), fmt, response_id, model, body)
+            choice_stream = ChoiceStream(params.n, body.echoes_prompt)
+            events = _events(stream, choice_stream, fmt, response_id, model, body)
             return StreamingResponse(events, media_type="text/event-stream")
         outputs: dict[int, RequestOutput] = {}  # prompt index -> its whole output
-        finished = await self._wait_unless_disconnected(request, _drain(stream, outputs))
+        drained = _drain(stream, outputs, body.prompt_only)
+        finished = await self._wait_unless_disconnected(request, drained)
         if not finished:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed"
-        choices = [fmt.choice(p) for p in whole_pieces(outputs, params.n)]
+        choices = [fmt.choice(p) for p in whole_pieces(outputs, params.n, body.echoes_prompt)]
         counts = usage(*token_counts(outputs))
         return JSONResponse(fmt.body(response_id, model, fmt.object, choices=choices, usage=counts))
 
@@ -155,12 +157,15 @@ def check_model(name: str | None, served: str) -> None:
         )  # fmt: skip
 
 
-async def _drain(stream: RequestStream, outputs: dict[int, RequestOutput]) -> None:
-    """Add up every prompt's deltas into `outputs` (prompt index -> whole output)."""
+async def _drain(
+    stream: RequestStream, outputs: dict[int, RequestOutput], prompt_only: bool
+) -> None:
+    """Add up every prompt's deltas into `outputs` (prompt index -> whole output);
+    `prompt_only`: without the generated tokens (echo with max_tokens 0)."""
     whole = OutputAccumulator()
     try:
         async for prompt_index, delta in stream:
-            outputs[prompt_index] = whole.add(delta)
+            outputs[prompt_index] = whole.add(without_output(delta) if prompt_only else delta)
     finally:
         stream.abort()
 
@@ -173,6 +178,8 @@ async def _events(
     (stream_options.include_usage) has no choices."""
     try:
         async for prompt_index, delta in stream:
+            if body.prompt_only:
+                delta = without_output(delta)
             for piece, first in choices.pieces(prompt_index, delta):
                 choice = fmt.chunk_choice(piece, first)
                 yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[choice]))

@@ -7,25 +7,53 @@ the HTTP request: choice index = prompt index * n + sample index. A token whose 
 held back (half a UTF-8 character, a possible stop string) still makes a piece, with its
 token id and empty text, so a client sees every token when it was sampled (TTFT and ITL as
 vLLM's `bench serve` measures them); the text follows with a later piece.
+
+With /v1/completions' `echo`, each choice's first piece carries its prompt (and, with
+logprobs, the prompt's: they come with the request's first delta). With max_tokens 0 the
+engine still runs one token (as vLLM does); `without_output` leaves it out of every delta.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from minserve.outputs import CompletionOutput, RequestOutput
-from minserve.server.responses import Piece
+from minserve.server.responses import Piece, PromptEcho
 
 
-def piece_of(index: int, completion: CompletionOutput) -> Piece:
+def piece_of(index: int, completion: CompletionOutput, prompt: PromptEcho | None = None) -> Piece:
     """One choice's completion (a delta, or a whole output) as the piece for choice `index`."""
     c = completion
-    return Piece(index, c.text, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason)
+    return Piece(index, c.text, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason, prompt)
+
+
+def prompt_echo(output: RequestOutput) -> PromptEcho:
+    """The request's prompt to echo, with its logprobs as {token id: logprob} per token."""
+    logprobs = None
+    if output.prompt_logprobs is not None:
+        logprobs = [
+            None if entry is None else {t: lp.logprob for t, lp in entry.items()}
+            for entry in output.prompt_logprobs
+        ]
+    return PromptEcho(output.prompt, list(output.prompt_token_ids), logprobs)
+
+
+def without_output(delta: RequestOutput) -> RequestOutput:
+    """The delta with its completions emptied (echo with max_tokens 0: the prompt alone)."""
+    empty = [
+        dataclasses.replace(c, text="", token_ids=[], logprobs=None if c.logprobs is None else [])
+        for c in delta.outputs
+    ]
+    return dataclasses.replace(delta, outputs=empty)
 
 
 class ChoiceStream:
-    """Numbers the deltas of one HTTP request's prompts, and counts the tokens for `usage`."""
+    """Numbers the deltas of one HTTP request's prompts, and counts the tokens for `usage`;
+    with `echo`, a choice's first piece starts with its prompt."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, echo: bool = False) -> None:
         self.n = n
+        self.echo = echo
         self._started: set[int] = set()  # choices whose first piece went out (chat: the role)
         self._prompt_tokens: dict[int, int] = {}  # prompt index -> its length
         self.completion_tokens = 0
@@ -37,7 +65,9 @@ class ChoiceStream:
         for completion in delta.outputs:
             index = prompt_index * self.n + completion.index
             self.completion_tokens += len(completion.token_ids)
-            pieces.append((piece_of(index, completion), index not in self._started))
+            first = index not in self._started
+            prompt = prompt_echo(delta) if self.echo and first else None
+            pieces.append((piece_of(index, completion, prompt), first))
             self._started.add(index)
         return pieces
 
@@ -46,10 +76,14 @@ class ChoiceStream:
         return sum(self._prompt_tokens.values())
 
 
-def whole_pieces(outputs: dict[int, RequestOutput], n: int) -> list[Piece]:
+def whole_pieces(outputs: dict[int, RequestOutput], n: int, echo: bool = False) -> list[Piece]:
     """Every choice complete, in index order (a non-streaming response); `outputs` maps each
-    prompt index to its whole output (`OutputAccumulator`)."""
-    return [piece_of(p * n + c.index, c) for p in sorted(outputs) for c in outputs[p].outputs]
+    prompt index to its whole output (`OutputAccumulator`); `echo`: each after its prompt."""
+    return [
+        piece_of(p * n + c.index, c, prompt_echo(outputs[p]) if echo else None)
+        for p in sorted(outputs)
+        for c in outputs[p].outputs
+    ]
 
 
 def token_counts(outputs: dict[int, RequestOutput]) -> tuple[int, int]:

@@ -7,7 +7,8 @@
 3. lay the chunks out as one flat batch and run the decoder over it (`ModelRunner`);
 4. sample: every row plain greedy -> the argmax straight from the head (no logits kept);
    otherwise the sampler over the logits rows; speculating -> verify the drafts. A row the
-   sampler cannot draw from fails its request alone (`ModelRunnerOutput.failed`).
+   sampler cannot draw from fails its request alone (`ModelRunnerOutput.failed`);
+5. prompt logprobs, from the rows of the prompt positions chunks asked to score.
 
 It decides nothing about scheduling and keeps no scheduling state: what it returns
 (`ModelRunnerOutput`) goes back to `Scheduler.update_from_output`. With tensor parallelism
@@ -26,8 +27,15 @@ from minserve.kvcache.block_ops import apply_block_ops
 from minserve.kvcache.host_store import HostBlockStore
 from minserve.kvcache.host_tier import TierCosts
 from minserve.kvcache.paged_pool import PagedKVPool
-from minserve.messages import BlockOp, ModelRunnerOutput, SampledTokens, SchedulerOutput
+from minserve.messages import (
+    BlockOp,
+    ModelRunnerOutput,
+    PromptLogprobs,
+    SampledTokens,
+    SchedulerOutput,
+)
 from minserve.model.llama import CausalLM
+from minserve.model.prompt_logprobs import score_prompt_chunks
 from minserve.model.runner import ModelInputs, ModelRunner
 from minserve.model.sampler import Sampler, SamplingRow, is_plain_greedy
 from minserve.speculative.config import SpeculativeConfig
@@ -97,7 +105,9 @@ class Worker:
         if self.peers is not None:
             self.peers.send(inputs, scheduler_output.block_ops)
         try:
-            sampled, failed = self._forward_and_sample(scheduler_output, inputs, proposal, clock)
+            sampled, failed, prompt_logprobs = self._forward_and_sample(
+                scheduler_output, inputs, proposal, clock
+            )
         except RuntimeError as error:  # with peers: a collective inside the forward
             if self.peers is None:
                 raise
@@ -108,6 +118,7 @@ class Worker:
             num_drafts={k: len(v) for k, v in proposal.drafts.items()} if proposal else {},
             num_draft_rounds=proposal.num_rounds if proposal else 0,
             timings=clock.timings,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _forward_and_sample(
@@ -116,25 +127,31 @@ class Worker:
         inputs: ModelInputs,
         proposal: Proposal | None,
         clock: PhaseClock,
-    ) -> tuple[Sampled, Failed]:
+    ) -> tuple[Sampled, Failed, dict[str, PromptLogprobs]]:
         chunks = [c for c in scheduler_output.chunks if c.samples]  # one logits row each
         rows = [row for c in chunks for row in c.samples]
-        if proposal is None and all(is_plain_greedy(row) for row in rows):
+        scored = [c for c in scheduler_output.chunks if c.prompt_targets]
+        if proposal is None and not scored and all(is_plain_greedy(row) for row in rows):
             greedy_ids = self.runner.forward_greedy(inputs).tolist()  # [num_sampling]
             clock.lap("forward")
             tokens = [[(t,)] * len(c.samples) for c, t in zip(chunks, greedy_ids)]
             sampled = _per_chunk(chunks, tokens, [[(None,)] * len(c.samples) for c in chunks])
             clock.lap("sample")
-            return sampled, {}
-        logits = self.runner.forward(inputs)  # [num_sampling rows, vocab]
+            return sampled, {}, {}
+        logits = self.runner.forward(inputs)  # [num_sampling + num_prompt_rows, vocab]
         clock.lap("forward")
-        if proposal is not None:
+        num_prompt_rows = sum(len(c.prompt_targets) for c in scored)
+        prompt_logprobs = score_prompt_chunks(scored, logits[len(logits) - num_prompt_rows :])
+        logits = logits[: len(logits) - num_prompt_rows]  # [num_sampling, vocab]
+        if not rows:  # prompt chunks only, scoring their positions
+            sampled, failed = {}, {}
+        elif proposal is not None:
             assert self.speculator is not None
             sampled, failed = self.speculator.verify(chunks, proposal, logits, self.sampler)
         else:
             sampled, failed = self._sample(chunks, rows, logits)
         clock.lap("sample")
-        return sampled, failed
+        return sampled, failed, prompt_logprobs
 
     def _sample(
         self, chunks: Sequence, rows: list[SamplingRow], logits: torch.Tensor
