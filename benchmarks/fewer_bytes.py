@@ -96,7 +96,9 @@ def run_config(
     return run_one(config.peer, config.dtype, workdir, path, peer_settings)
 
 
-def measure(settings: SuiteSettings, configs: tuple[Config, ...]) -> dict[str, Any]:
+def measure(
+    settings: SuiteSettings, configs: tuple[Config, ...], workloads: tuple[str, ...]
+) -> dict[str, Any]:
     """Floors, then every configuration on both workloads; the rows of the report."""
     floors = measure_floors()
     fp32_bytes = weight_bytes(load_model(settings.model, dtype="float32", prepack=False).model)
@@ -104,11 +106,12 @@ def measure(settings: SuiteSettings, configs: tuple[Config, ...]) -> dict[str, A
     rows = []
     with tempfile.TemporaryDirectory(prefix="minserve-bytes-") as tmp:
         workdir = Path(tmp)
-        for name, (n, lo, hi) in WORKLOADS.items():
+        for name in workloads:
+            n, lo, hi = WORKLOADS[name]
             save_workload(
                 offline_workload(n, lo, hi, settings.seed, vocab), workdir / f"{name}.json"
             )
-        runs = [(c, w) for w in WORKLOADS for c in configs]
+        runs = [(c, w) for w in workloads for c in configs]
         for config, workload in tqdm(runs, desc="fewer bytes", unit="run"):
             result = run_config(config, workload, workdir, settings)
             row = {"config": config.name, "workload": workload, "status": result.status}
@@ -180,6 +183,7 @@ def markdown(record: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="offline,batch1")
     parser.add_argument("--max-load", type=float, default=1.5)
     parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "benchmarks" / "fewer_bytes")
@@ -189,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown configs {unknown}; choose from {[c.name for c in CONFIGS]}")
     configs = tuple(c for c in CONFIGS if c.name in wanted)
+    workloads = tuple(args.workloads.split(","))
+    if not set(workloads) <= set(WORKLOADS):
+        parser.error(f"unknown workloads in {workloads}; choose from {list(WORKLOADS)}")
     settings = SuiteSettings(max_load=args.max_load, vllm_python=args.vllm_python)
-    record = measure(settings, configs)
+    record = measure(settings, configs, workloads)
     words = sys.argv[1:] if argv is None else argv
     record = {
         "command": " ".join(["python -m benchmarks.fewer_bytes", *words]),

@@ -14,6 +14,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize
 
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
+from minserve.bench.perplexity import bundled_text, perplexity
 from minserve.kernels.build import cpu_kernels
 from minserve.llm import LLM
 from minserve.model.default_model import default_model_path
@@ -113,8 +114,13 @@ def fake_quantized_int8() -> LoadedModel:
     return loaded  # the tied head is the embedding's (already widened) weight
 
 
-def test_the_int8_model_holds_int8_rows_and_computes_their_widened_logits() -> None:
-    int8 = load_model(quantization="int8")
+@pytest.fixture(scope="module")
+def int8_model() -> LoadedModel:
+    return load_model(quantization="int8")
+
+
+def test_the_int8_model_holds_int8_rows_and_computes_their_widened_logits(int8_model) -> None:
+    int8 = int8_model
     assert not any(isinstance(m, nn.Linear | nn.Embedding) for m in int8.model.modules())
     assert int8.model.lm_head.qweight is int8.model.model.embed_tokens.qweight
     ids = int8.tokenizer.encode("The capital of France is Paris, and the capital of Italy")
@@ -131,3 +137,13 @@ def test_the_int8_model_holds_int8_rows_and_computes_their_widened_logits() -> N
     fp32 = weight_bytes(load_model(prepack=False).model)
     assert weight_bytes(int8.model) <= fp32 * 0.26  # a byte a weight, a scale a row
     assert "int8(per channel: 122 layers; weights" in int8.execution.summary()
+
+
+def test_int8_perplexity_on_the_bundled_text_is_within_two_percent_of_float32(
+    int8_model, models
+) -> None:
+    _, fp32 = models  # the bundled file dequantized at load: the float weights int8 starts from
+    ids = fp32.tokenizer.encode(bundled_text())  # Pride and Prejudice's opening, ~700 tokens
+    want, got = (perplexity(LLM(m, max_num_seqs=4), ids, 256, 256) for m in (fp32, int8_model))
+    assert got.num_scored_tokens == want.num_scored_tokens > 600
+    assert abs(got.perplexity / want.perplexity - 1) < 0.02
