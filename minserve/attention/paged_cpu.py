@@ -20,6 +20,7 @@ from minserve.attention.metadata import AttentionMetadata, PagedKVCache
 from minserve.attention.paged_plan import StepLayout, chunk_groups, decode_groups
 from minserve.attention.paged_torch import attend_groups, is_every_row, paged_store_reference
 from minserve.kernels.build import cpu_kernels
+from minserve.kvcache.kv_format import attention_dtype
 
 
 class CpuPagedAttention:
@@ -38,9 +39,10 @@ class CpuPagedAttention:
         # a prompt's first chunk attends only to itself: causal attention on the step's own
         # k/v, no gather from the pool, no mask tensor
         self.fresh = step.fresh_prefills if self.lib is not None else []
-        self.chunks = chunk_groups(step, cache.dtype, fresh=self.lib is None)
+        dtype = attention_dtype(cache.dtype)
+        self.chunks = chunk_groups(step, dtype, fresh=self.lib is None)
         if self.lib is None:  # plain torch for the whole step
-            self.chunks = decode_groups(step, cache.dtype) + self.chunks
+            self.chunks = decode_groups(step, dtype) + self.chunks
         self.decode_seqs = torch.tensor(decodes, dtype=torch.int64)  # [num_decodes]
         self.decode_rows = torch.tensor([step.starts[i] for i in decodes], dtype=torch.int64)
         self.tables = metadata.block_tables.contiguous()  # [num_seqs, max_blocks] int32
