@@ -17,6 +17,7 @@ from test_prefix_caching import shared_prefix_workload
 from test_prefix_policy import round_robin_workload
 
 from minserve import LLM, SamplingParams
+from minserve.disagg.pd_pair import PrefillDecodePair
 
 PARITY_PROMPTS = [
     "The capital of France is",
@@ -159,3 +160,16 @@ def test_the_triton_backend_refuses_an_8_bit_cache(tiny_model) -> None:
 def test_the_reference_engine_refuses_an_8_bit_cache(tiny_model) -> None:
     with pytest.raises(ValueError, match="stores the paged engine's KV pool"):
         LLM(tiny_model("llama"), engine="reference", kv_cache_dtype="int8")
+
+
+def test_two_processes_hand_off_fp8_blocks_as_bytes(tiny_model) -> None:
+    model = tiny_model("llama")
+    options = dict(block_size=4, num_blocks=64, kv_cache_dtype="fp8_e4m3")
+    expected = token_ids(LLM(model, **options).generate(PROMPTS, GREEDY, use_tqdm=False))
+    with PrefillDecodePair(model, **options) as pair:
+        pair.rule.policy = "transfer"
+        assert token_ids(pair.generate(PROMPTS, GREEDY)) == expected
+        outputs = pair.generate(PROMPTS, GREEDY)
+        block_bytes = pair.llm.engine.worker.pool.block_nbytes  # a quarter of fp32's
+        blocks = sum(-(-len(o.prompt_token_ids) // 4) for o in outputs)
+        assert pair.transfer.stats.kv_bytes == 2 * blocks * block_bytes  # two rounds
