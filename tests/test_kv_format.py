@@ -14,6 +14,9 @@ from test_paged_attention import FP32_TOL, Seq, Step, TensorPool, edge_lengths, 
 
 from minserve.attention.backends import get_attention_backend
 from minserve.attention.contiguous import attend
+from minserve.attention.metadata import AttentionMetadata
+from minserve.attention.paged_cpu import CpuPagedAttention
+from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.attention.per_sequence import PerSequenceAttention
 from minserve.config import CacheConfig
 from minserve.kvcache.kv_format import (
@@ -210,3 +213,52 @@ def test_bfloat16_queries_over_an_8_bit_cache_come_back_in_bfloat16(fmt) -> None
     out = step.run(backend=get_attention_backend("cpu"))
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), step.expected(), atol=2e-2, rtol=2e-2)
+
+
+def widened_by_the_c_kernel(v_row: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The decode kernel's output for one key whose value row is `v_row` [row]: the softmax
+    of a single score is 1, so the output is that value row widened to fp32 [head_dim]."""
+    cache = torch.zeros((1, 1, 1, v_row.shape[0]), dtype=v_row.dtype)  # [blocks, bs, Hkv, row]
+    values = cache.clone()
+    values[0, 0, 0] = v_row
+    metadata = AttentionMetadata.build(
+        query_lens=[1], context_lens=[1], block_tables=[[0]], slot_mapping=[0]
+    )
+    attention = CpuPagedAttention(TensorPool(cache[None], values[None]), metadata)
+    assert attention.lib is not None  # the C kernels, not the torch fallback
+    q, out = torch.ones(1, 1, head_dim), torch.zeros(1, 1, head_dim)
+    attention.decode(out, q, cache, values)
+    return out[0, 0]
+
+
+@pytest.mark.parametrize("fmt", FP8, ids=lambda f: f.name)
+def test_the_c_kernel_widens_every_finite_fp8_byte_as_torch_does(fmt) -> None:
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    finite = every[every.view(fmt.storage_dtype).float().isfinite()]  # e4m3: 254, e5m2: 248
+    row = torch.zeros(256, dtype=torch.uint8)
+    row[: finite.numel()] = finite
+    stored = row.view(fmt.storage_dtype)
+    assert torch.equal(widened_by_the_c_kernel(stored, 256), fmt.decode(stored))
+
+
+def test_the_c_kernel_applies_each_int8_row_s_scale() -> None:
+    x = rows(shape=(1, 1, 24))  # head_dim 24: the kernels' path for any head_dim
+    stored = INT8.encode(x)[0, 0]  # [26] uint8
+    torch.testing.assert_close(
+        widened_by_the_c_kernel(stored, 24), INT8.decode(stored), atol=0, rtol=0
+    )
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_the_c_decode_matches_the_torch_reference_at_any_head_dim(fmt, head_dim) -> None:
+    seqs = [Seq(cached=n, new=1) for n in edge_lengths(4)]
+    step = encoded(
+        make_step(seqs, block_size=4, num_heads=6, num_kv_heads=3, head_dim=head_dim), fmt
+    )
+    c = step.run(backend=CpuPagedAttention)
+    step = encoded(
+        make_step(seqs, block_size=4, num_heads=6, num_kv_heads=3, head_dim=head_dim), fmt
+    )
+    reference = step.run(backend=TorchPagedAttention)
+    torch.testing.assert_close(c, reference, **FP32_TOL)
