@@ -31,7 +31,12 @@ from minserve.kernels.cpu_ops import KERNEL_DTYPES
 from minserve.kernels.onednn import can_prepack
 from minserve.kvcache.kv_format import KVFormat, check_kv_cache_dtype, kv_format
 
-KV8_BACKENDS = ("cpu", "torch", "per-sequence")  # the backends that read an 8-bit KV cache
+KV8_BACKENDS = (
+    "cpu",
+    "torch",
+    "triton",
+    "per-sequence",
+)  # the backends that read an 8-bit KV cache
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -152,9 +152,15 @@ def test_an_unknown_kv_cache_dtype_lists_the_choices(tiny_model) -> None:
         LLM(tiny_model("llama"), kv_cache_dtype="fp4")
 
 
-def test_the_triton_backend_refuses_an_8_bit_cache(tiny_model) -> None:
-    with pytest.raises(ValueError, match="the 'triton' backend reads a 16/32-bit cache only"):
-        LLM(tiny_model("llama"), attention_backend="triton", kv_cache_dtype="int8")
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3"])
+def test_the_triton_backend_gives_the_torch_backend_s_tokens(tiny_model, name) -> None:
+    options = dict(block_size=4, num_blocks=64, kv_cache_dtype=name, max_num_batched_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = PROMPTS[:2]
+    torch_llm = LLM(tiny_model("llama"), attention_backend="torch", **options)
+    triton_llm = LLM(tiny_model("llama"), attention_backend="triton", **options)
+    expected = token_ids(torch_llm.generate(prompts, params, use_tqdm=False))
+    assert token_ids(triton_llm.generate(prompts, params, use_tqdm=False)) == expected
 
 
 def test_the_reference_engine_refuses_an_8_bit_cache(tiny_model) -> None:

@@ -177,7 +177,7 @@ def encode_pool(cache: torch.Tensor, fmt) -> torch.Tensor:
 
 
 FORMATS = [INT8, E4M3, E5M2]
-BACKENDS = ["torch", "cpu"]
+BACKENDS = ["torch", "cpu", "triton"]  # triton: in the interpreter on a CPU
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
