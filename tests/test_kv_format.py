@@ -93,6 +93,14 @@ def test_int8_large_values_keep_their_relative_precision() -> None:
     assert (error <= scale.float() / 2 * (1 + 1e-3)).all()
 
 
+def test_int8_rows_past_fp16_s_range_saturate_instead_of_overflowing() -> None:
+    x = torch.tensor([1e9, -2e9, 1.0]).view(1, 1, 3)
+    decoded = INT8.decode(INT8.encode(x)).flatten()
+    largest = 127 * torch.finfo(torch.float16).max
+    assert decoded.isfinite().all()
+    assert decoded.tolist()[:2] == [largest, -largest]
+
+
 def test_names_resolve_and_fp8_means_e4m3() -> None:
     assert kv_format("fp8", torch.bfloat16) is E4M3
     assert kv_format("auto", torch.bfloat16).storage_dtype == torch.bfloat16

@@ -90,7 +90,9 @@ class Int8Format(KVFormat):
 
     def decode(self, stored: torch.Tensor) -> torch.Tensor:
         values = stored[..., :-SCALE_BYTES].view(torch.int8)  # [..., Hkv, D]
-        scale = stored[..., -SCALE_BYTES:].contiguous().view(torch.float16)  # [..., Hkv, 1]
+        # a fresh, packed copy of the scales' bytes: a view of fp16 needs them aligned
+        scale_bytes = stored[..., -SCALE_BYTES:].clone(memory_format=torch.contiguous_format)
+        scale = scale_bytes.view(torch.float16)  # [..., Hkv, 1]
         return dequantize_int8(values, scale)
 
 
@@ -98,10 +100,12 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] -> (q [..., D] int8, scale [..., 1] fp16) with x ~= q * scale.
 
     scale = absmax(x) / 127 per row, rounded to fp16 first so that the stored scale is the
-    one used; an all-zero row gets scale 0 and q 0 (no division by zero).
+    one used; an all-zero row gets scale 0 and q 0 (no division by zero); a row past fp16's
+    range (absmax > 127 x 65504) saturates at the largest scale instead of overflowing.
     """
     absmax = x.float().abs().amax(dim=-1, keepdim=True)  # [..., 1]
-    scale = (absmax / INT8_MAX).to(torch.float16)
+    largest = torch.finfo(torch.float16).max
+    scale = (absmax / INT8_MAX).clamp(max=largest).to(torch.float16)
     safe = torch.where(scale > 0, scale.float(), torch.ones_like(absmax))
     q = torch.round(x.float() / safe).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
