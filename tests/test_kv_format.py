@@ -16,8 +16,9 @@ from minserve.attention.backends import get_attention_backend
 from minserve.attention.contiguous import attend
 from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_cpu import CpuPagedAttention
-from minserve.attention.paged_torch import TorchPagedAttention
+from minserve.attention.paged_torch import TorchPagedAttention, paged_store_reference
 from minserve.attention.per_sequence import PerSequenceAttention
+from minserve.attention.triton_kv8 import int8_store
 from minserve.config import CacheConfig
 from minserve.kvcache.kv_format import (
     KV_FORMATS,
@@ -270,3 +271,16 @@ def test_the_c_decode_matches_the_torch_reference_at_any_head_dim(fmt, head_dim)
     )
     reference = step.run(backend=TorchPagedAttention)
     torch.testing.assert_close(c, reference, **FP32_TOL)
+
+
+@pytest.mark.parametrize(("head_dim", "num_kv_heads"), [(16, 2), (24, 3)])
+def test_the_triton_int8_store_writes_the_reference_s_bytes(head_dim, num_kv_heads) -> None:
+    k, v = rows(1, (7, num_kv_heads, head_dim)), rows(2, (7, num_kv_heads, head_dim))
+    k[2, 1] = 0  # a zero row: scale 0
+    slots = torch.tensor([0, 5, 9, 3, -1, 11, 2])  # -1: padding, stores nothing
+    expected = [torch.zeros(3, 4, num_kv_heads, head_dim + 2, dtype=torch.uint8) for _ in "kv"]
+    kept = slots >= 0
+    paged_store_reference(*expected, k[kept], v[kept], slots[kept])
+    got = [torch.zeros_like(expected[0]) for _ in "kv"]
+    int8_store(*got, k, v, slots)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])

@@ -4,10 +4,10 @@ Built once per step from the step's `AttentionMetadata`: it splits the sequences
 decodes (one query token: `paged_decode`, GQA-grouped, split-K on long contexts) and
 prefill/extend chunks (several query tokens: `paged_prefill`), reading the metadata to the
 host once. Called per layer: store the step's k/v by slot, then run both kernels.
-An 8-bit pool (`kv_cache_dtype`): the step's k/v are encoded in torch and stored as bytes by
-the same store kernel; decodes run `triton_kv8.py`'s kernel, which widens the bytes as it
-reads them; prefill and extend chunks attend over the decoded cache in torch
-(`paged_torch.py`).
+An 8-bit pool (`kv_cache_dtype`): int8 k/v are quantized by `triton_kv8.py`'s store kernel,
+fp8 ones converted in torch and their bytes stored by `paged_store`; decodes run
+`triton_kv8.py`'s decode kernel, which widens the bytes as it reads them; prefill and
+extend chunks attend over the decoded cache in torch (`paged_torch.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from minserve.attention.paged_plan import AttentionGroup, StepLayout, chunk_grou
 from minserve.attention.paged_torch import attend_groups
 from minserve.attention.triton_decode import DecodeKernels, paged_decode
 from minserve.attention.triton_env import check_kernel_device
-from minserve.attention.triton_kv8 import as_bytes, kv8_decode
+from minserve.attention.triton_kv8 import as_bytes, int8_store, kv8_decode
 from minserve.attention.triton_prefill import paged_prefill
 from minserve.attention.triton_store import paged_store
 from minserve.kvcache.kv_format import stored_format
@@ -122,10 +122,14 @@ class TritonPagedAttention:
     ) -> torch.Tensor:  # fmt: skip
         """The step over an 8-bit pool: store encoded bytes, decode in Triton, chunks in torch."""
         fmt = self.format
-        paged_store(
-            as_bytes(k_cache), as_bytes(v_cache), as_bytes(fmt.encode(k)),
-            as_bytes(fmt.encode(v)), self.metadata.slot_mapping, kernel=self.decode_kernels.store,
-        )  # fmt: skip
+        if fmt.name == "int8":  # quantized in the store kernel
+            int8_store(k_cache, v_cache, k, v, self.metadata.slot_mapping)
+        else:  # fp8: converted by torch, its bytes stored
+            paged_store(
+                as_bytes(k_cache), as_bytes(v_cache), as_bytes(fmt.encode(k)),
+                as_bytes(fmt.encode(v)), self.metadata.slot_mapping,
+                kernel=self.decode_kernels.store,
+            )  # fmt: skip
         out = attend_groups(q, k_cache, v_cache, self.groups, self.scale)  # [T, Hq, D]
         if self.decodes is not None:
             d = self.decodes

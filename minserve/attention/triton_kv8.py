@@ -8,6 +8,8 @@ So a decode reads a quarter of an fp32 cache's bytes, half of a bfloat16 one's.
 
 One program handles one sequence and one KV head, for every query head that shares it
 (GQA), with an online softmax over the context (one pass, as `triton_decode.py`).
+`int8_store_kernel` quantizes a step's keys and values as it stores them (the fp8 formats
+are converted by torch and their bytes stored by `triton_store.py`'s kernel).
 """
 
 from __future__ import annotations
@@ -120,6 +122,75 @@ def kv8_decode_kernel(
     out = acc / l[:, None]
     out_rows = out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :]
     tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def quantize_row_store(src, cache_ptr, rows, dims, heads_ok, head_dim):
+    """Rows [BLOCK_H, BLOCK_D] at `src` -> int8 values at cache_ptr + rows + d, then each
+    row's fp16 scale's two bytes at + head_dim (`kv_format.quantize_int8`, bit for bit)."""
+    mask = heads_ok[:, None] & (dims < head_dim)[None, :]
+    x = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
+    scale = tl.minimum(absmax / 127.0, 65504.0).to(tl.float16)
+    scale32 = scale.to(tl.float32)
+    safe = tl.where(scale32 > 0, scale32, 1.0)
+    y = tl.div_rn(x, safe[:, None])  # |y| <= 127 and a little: the fp16 scale's rounding
+    y = (y + 12582912.0) - 12582912.0  # rounded to nearest even (1.5 x 2^23 trick)
+    q = tl.minimum(tl.maximum(y, -127.0), 127.0).to(tl.int32)
+    tl.store(cache_ptr + rows[:, None] + dims[None, :], (q & 0xFF).to(tl.uint8), mask=mask)
+    bits = scale.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF  # [BLOCK_H], little-endian:
+    tl.store(cache_ptr + rows + head_dim, (bits & 0xFF).to(tl.uint8), mask=heads_ok)
+    tl.store(cache_ptr + rows + head_dim + 1, (bits >> 8).to(tl.uint8), mask=heads_ok)
+
+
+@triton.jit
+def int8_store_kernel(
+    k_ptr,  # [T, Hkv, D]: the step's new keys
+    v_ptr,  # [T, Hkv, D]
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D + 2] uint8
+    v_cache_ptr,  # the same strides as k_cache
+    slot_mapping_ptr,  # [T] int64; negative: padding, store nothing
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_cs, stride_ch,
+    block_size,
+    num_kv_heads,
+    head_dim,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Quantize token `program_id(0)`'s K and V rows [Hkv, D] into its slot of both caches."""
+    token = tl.program_id(0)
+    heads = tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_D)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    heads_ok = (heads < num_kv_heads) & (slot >= 0)  # [BLOCK_H]
+    rows = (slot // block_size) * stride_cb + (slot % block_size) * stride_cs + heads * stride_ch
+    k_src = k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :]
+    v_src = v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :]
+    quantize_row_store(k_src, k_cache_ptr, rows, dims, heads_ok, head_dim)
+    quantize_row_store(v_src, v_cache_ptr, rows, dims, heads_ok, head_dim)
+
+
+def int8_store(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Quantize k, v [T, Hkv, D] into an int8 pool [blocks, bs, Hkv, D + 2] at their slots:
+    `kv_format.Int8Format.encode` then `paged_store_reference`, in one kernel."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if k.stride(2) != 1 or v.stride(2) != 1 or k_cache.stride(3) != 1:
+        raise ValueError("int8_store needs each key, value and cache row contiguous")
+    if num_tokens == 0:
+        return
+    int8_store_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3],
+        k_cache.shape[1], num_kv_heads, head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+    )  # fmt: skip
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
