@@ -12,6 +12,8 @@ from typing import Any
 
 SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither num_blocks nor a budget is given
+# how the KV cache stores values (vLLM's names; "fp8" is fp8_e4m3): minserve/kvcache/kv_format.py
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,14 @@ class CacheConfig:
     enable_prefix_caching: bool = False  # keep computed prompt blocks in a radix tree for reuse
     kv_offloading_size: float = 0.0  # GiB of host memory for evicted cached blocks (0: drop them)
     gpu_memory_utilization: float = 0.9  # on a GPU with no size given: the share of its memory
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "fp8_e4m3", "fp8_e5m2", "int8"
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; "
+                f"choose one of {', '.join(KV_CACHE_DTYPES)}"
+            )
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

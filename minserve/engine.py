@@ -39,6 +39,7 @@ from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import host_tier_for
+from minserve.kvcache.kv_format import kv_format as resolve_kv_format
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.radix_cache import RadixCache
@@ -135,17 +136,20 @@ class LLMEngine:
         self.scheduler_config = scheduler_config
         param = next(loaded.model.parameters())
         cache_config, sized_by_memory = _size_for_device(cache_config, loaded, scheduler_config)
-        num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, param.dtype)
-        pool = PagedKVPool(
-            loaded.config, num_blocks, cache_config.block_size, param.dtype, param.device
-        )
-        logger.info(
-            "KV pool: %d blocks of %d tokens = %d tokens, %.2f GiB",
-            num_blocks, pool.block_size, num_blocks * pool.block_size, pool.nbytes / GIB,
-        )  # fmt: skip
         self.execution, backend = _attention(
             loaded.execution.with_attention(attention_backend), attention_backend,
             decode_kernels, attend,
+        )  # fmt: skip
+        self.execution = self.execution.with_kv_cache(cache_config.kv_cache_dtype)
+        kv_format = resolve_kv_format(self.execution.kv_cache_dtype, param.dtype)
+        num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, kv_format)
+        pool = PagedKVPool(
+            loaded.config, num_blocks, cache_config.block_size, kv_format, param.device
+        )
+        logger.info(
+            "KV pool: %d blocks of %d tokens = %d tokens, %.2f GiB, stored as %s",
+            num_blocks, pool.block_size, num_blocks * pool.block_size, pool.nbytes / GIB,
+            kv_format.name,
         )  # fmt: skip
         self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
         if self.execution.attention == "triton" and pool.device.type == "cuda":

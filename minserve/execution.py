@@ -29,8 +29,15 @@ from minserve.environment import (
 )
 from minserve.kernels.cpu_ops import KERNEL_DTYPES
 from minserve.kernels.onednn import can_prepack
+from minserve.kvcache.kv_format import KVFormat, check_kv_cache_dtype, kv_format
 from minserve.openmp_env import openmp_waits
 
+KV8_BACKENDS = (
+    "cpu",
+    "torch",
+    "triton",
+    "per-sequence",
+)  # the backends that read an 8-bit KV cache
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -57,10 +64,27 @@ class ExecutionConfig:
     device_why: str = ""  # why this device: "auto: no CUDA device is usable: ..."
     quantization: str = "none"  # "gguf(Q4_1:210,Q8_0:1; weights 97.1 MiB)": kept as stored
     openmp_waits: str = "passive"  # how OpenMP threads wait between regions (openmp_env.py)
+    kv_cache_dtype: str = "auto"  # canonical name: "fp8" is recorded as "fp8_e4m3"
 
     def with_attention(self, name: str) -> ExecutionConfig:
         """This config with the attention backend `name` ("auto": the default) resolved."""
         return replace(self, attention=resolve_attention(name, self.device, self.c_kernels))
+
+    def with_kv_cache(self, name: str) -> ExecutionConfig:
+        """This config with the KV cache stored as `name` (vLLM's `kv_cache_dtype`)."""
+        name = check_kv_cache_dtype(name)
+        if name != "auto" and self.attention not in KV8_BACKENDS:
+            raise ValueError(
+                f"kv_cache_dtype={name!r} runs on the attention backends "
+                f"{', '.join(KV8_BACKENDS)}; the {self.attention!r} backend reads a "
+                "16/32-bit cache only: use kv_cache_dtype='auto' or another backend"
+            )
+        return replace(self, kv_cache_dtype=name)
+
+    @property
+    def kv_format(self) -> KVFormat:
+        """The KV pool's format: `kv_cache_dtype` over this config's model dtype."""
+        return kv_format(self.kv_cache_dtype, self.dtype)
 
     def summary(self) -> str:
         """One line: every choice, e.g. `execution: device=cpu dtype=float32 ...`."""
@@ -74,6 +98,7 @@ class ExecutionConfig:
             "greedy_screen": _on_off(self.greedy_screen),
             "quantization": self.quantization,
             "openmp_waits": self.openmp_waits,
+            "kv_cache": self.kv_format.name,
             "kernel_cache": str(self.kernel_cache),
         }
         return "execution: " + " ".join(f"{k}={v}" for k, v in fields.items())

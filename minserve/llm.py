@@ -73,6 +73,9 @@ class LLM:
     `minserve.scheduler.preemption.preemption_mode`) replace chapter 04's two rules;
     swap_space_cls (with swap_space > 0) keeps the account of the host swap space, as
     `minserve.kvcache.swap.HostSwapSpace` does (chapter 04).
+    kv_cache_dtype="fp8_e4m3" (or "fp8"), "fp8_e5m2" or "int8" stores the KV cache in 8
+    bits: twice the tokens in the same memory, half the bytes a decode reads (vLLM's option;
+    docs/engine.md, "8-bit KV cache"); "auto" stores the model's dtype.
     quantization="gguf" keeps a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as stored and
     widens them where they are used (vLLM's spelling; docs/engine.md, "Quantized weights");
     quantization="int8" stores every weight matrix as int8 with a scale per output channel.
@@ -93,6 +96,7 @@ class LLM:
         swap_space: float = 0.0,
         enable_prefix_caching: bool = False,
         kv_offloading_size: float = 0.0,
+        kv_cache_dtype: str = "auto",
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         enable_chunked_prefill: bool = True,
@@ -123,12 +127,17 @@ class LLM:
             raise ValueError("decode_kernels runs on the paged engine with one process only")
         if quantization is not None and tensor_parallel_size != 1:
             raise ValueError("quantization runs in one process; leave tensor_parallel_size at 1")
+        if kv_cache_dtype != "auto" and (engine != "paged" or tensor_parallel_size != 1):
+            raise ValueError(
+                f"kv_cache_dtype={kv_cache_dtype!r} stores the paged engine's KV pool in one "
+                "process; use engine='paged' with tensor_parallel_size=1, or kv_cache_dtype='auto'"
+            )
         if tensor_parallel_layers is not None and tensor_parallel_size == 1:
             raise ValueError("tensor_parallel_layers applies with tensor_parallel_size > 1")
         check_stop_matcher_cls(stop_matcher_cls)
         cache = CacheConfig(
             block_size, num_blocks, kv_cache_memory_bytes, swap_space, enable_prefix_caching,
-            kv_offloading_size, gpu_memory_utilization,
+            kv_offloading_size, gpu_memory_utilization, kv_cache_dtype,
         )  # fmt: skip
         scheduler = SchedulerConfig(
             max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
+
 from minserve import LLM, SamplingParams
 from minserve.cli import main
+from minserve.server.cli import _engine_options, add_serve_parser
 
 
 def test_generate_prints_prompt_and_greedy_completion(tiny_model, capsys) -> None:
@@ -29,3 +34,13 @@ def test_generate_reports_invalid_values_without_a_traceback(tiny_model, capsys)
 def test_generate_reports_a_missing_model_path(tmp_path, capsys) -> None:
     assert main(["generate", "Hi", "--model", str(tmp_path / "none.gguf")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_serve_takes_the_kv_cache_dtype_as_an_engine_option() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    assert _engine_options(parser.parse_args(["serve"]))["kv_cache_dtype"] == "auto"
+    args = parser.parse_args(["serve", "--kv-cache-dtype", "int8"])
+    assert _engine_options(args)["kv_cache_dtype"] == "int8"
+    with pytest.raises(SystemExit):  # argparse lists the choices
+        parser.parse_args(["serve", "--kv-cache-dtype", "int4"])

@@ -163,7 +163,7 @@ def test_the_summary_names_every_choice_on_one_line() -> None:
     assert config.summary() == (
         "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on "
         "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on quantization=none "
-        "openmp_waits=passive kernel_cache=/k"
+        "openmp_waits=passive kv_cache=float32 kernel_cache=/k"
     )
     fixed = cpu(MINSERVE_KERNEL_ROWS="8", MINSERVE_GREEDY_SCREEN="0").summary()
     assert "linear_rows=8 greedy_screen=off" in fixed
@@ -280,3 +280,16 @@ def test_openmp_threads_sleep_unless_someone_chose(first: str, env: dict, expect
     assert run.returncode == 0, run.stderr
     out = run.stdout.strip()
     assert out.startswith(expected)
+
+
+def test_the_kv_cache_format_is_part_of_the_config() -> None:
+    config = ExecutionConfig(
+        device=torch.device("cpu"), dtype=torch.bfloat16, attention="cpu", c_kernels=True,
+        prepack=True, linear_rows=0, greedy_screen=False, kernel_cache=Path("/k"),
+    )  # fmt: skip
+    assert config.kv_format.storage_dtype == torch.bfloat16  # "auto": the model's dtype
+    eight = config.with_kv_cache("fp8")
+    assert eight.kv_cache_dtype == "fp8_e4m3" and "kv_cache=fp8_e4m3" in eight.summary()
+    assert eight.kv_format.storage_dtype == torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="choose one of auto, fp8"):
+        config.with_kv_cache("int4")

@@ -5,8 +5,11 @@ call that reads its blocks in place through its block table (`kernels/paged_atte
 prefill and extend chunks, few and long, run torch's attention as in `paged_torch.py`,
 their reference and fallback. The kernels read an fp32 or a bfloat16 pool (a bfloat16 one
 halves the bytes a decode reads; its keys and values are widened as they are read and the
-sums kept in fp32); another dtype, or a machine where the library cannot be built, runs the
-plain-torch path for the whole step.
+sums kept in fp32), or an 8-bit one (`kv_cache_dtype`: fp8 or int8, halving them again): its
+rows are encoded in torch (`kv_format.py`) and copied to their slots by the store kernel,
+the decode kernel widens them as it reads, and every prefill chunk, a prompt's first
+included, attends over the decoded cache as the torch reference does. Another dtype, or a
+machine where the library cannot be built, runs the plain-torch path for the whole step.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from minserve.attention.metadata import AttentionMetadata, PagedKVCache
 from minserve.attention.paged_plan import StepLayout, chunk_groups, decode_groups
 from minserve.attention.paged_torch import attend_groups, is_every_row, paged_store_reference
 from minserve.kernels.build import cpu_kernels
+from minserve.kvcache.kv_format import attention_dtype, stored_format
 
 
 class CpuPagedAttention:
@@ -34,13 +38,17 @@ class CpuPagedAttention:
         cache = kv.k_cache(0)
         step = StepLayout.read(metadata, cache.shape[1])
         self.lib = cpu_kernels() if uses_kernels(cache) else None
+        self.format = stored_format(cache.dtype)
         decodes = step.decodes if self.lib is not None else []
         # a prompt's first chunk attends only to itself: causal attention on the step's own
-        # k/v, no gather from the pool, no mask tensor
-        self.fresh = step.fresh_prefills if self.lib is not None else []
-        self.chunks = chunk_groups(step, cache.dtype, fresh=self.lib is None)
+        # k/v, no gather from the pool, no mask tensor (an 8-bit cache's values differ from
+        # the step's own: there the chunk reads the cache like any other)
+        fresh = self.lib is not None and not self.format.quantized
+        self.fresh = step.fresh_prefills if fresh else []
+        dtype = attention_dtype(cache.dtype)
+        self.chunks = chunk_groups(step, dtype, fresh=not fresh)
         if self.lib is None:  # plain torch for the whole step
-            self.chunks = decode_groups(step, cache.dtype) + self.chunks
+            self.chunks = decode_groups(step, dtype) + self.chunks
         self.decode_seqs = torch.tensor(decodes, dtype=torch.int64)  # [num_decodes]
         self.decode_rows = torch.tensor([step.starts[i] for i in decodes], dtype=torch.int64)
         self.tables = metadata.block_tables.contiguous()  # [num_seqs, max_blocks] int32
@@ -70,7 +78,10 @@ class CpuPagedAttention:
     def store(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
-        """k, v [T, Hkv, D] (rows may be strided, each row contiguous) -> their slots."""
+        """k, v [T, Hkv, D] (rows may be strided, each row contiguous) -> their slots,
+        encoded first into an 8-bit cache's rows [T, Hkv, row]."""
+        if self.format.quantized:
+            k, v = self.format.encode(k), self.format.encode(v)
         check_rows(k_cache.dtype, k, v)
         slots, size = self.metadata.slot_mapping, k.element_size()
         self.lib.store_kv(
@@ -83,13 +94,14 @@ class CpuPagedAttention:
     ) -> None:
         """Every decode's attention, written into its row of `out` [T, Hq, D]. The kernel
         takes fp32 queries and outputs: a bfloat16 step's are converted on the way."""
-        check_rows(k_cache.dtype, q, out)
-        if k_cache.dtype == torch.bfloat16:
+        kernel = getattr(self.lib, DECODE_KERNELS[k_cache.dtype])
+        if q.dtype != torch.float32:
             q32, out32 = q.float(), torch.empty(q.shape, dtype=torch.float32)  # [T, Hq, D]
-            self.run_decode(self.lib.paged_decode_bf16, out32, q32, k_cache, v_cache)
+            self.run_decode(kernel, out32, q32, k_cache, v_cache)
             out[self.decode_rows] = out32[self.decode_rows].to(out.dtype)
         else:
-            self.run_decode(self.lib.paged_decode_f32, out, q, k_cache, v_cache)
+            check_rows(torch.float32, q, out)
+            self.run_decode(kernel, out, q, k_cache, v_cache)
 
     def run_decode(
         self, kernel: Callable[..., int], out: torch.Tensor, q: torch.Tensor,
@@ -126,11 +138,18 @@ def fresh_prefill(
     return out[0].transpose(0, 1)
 
 
-CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the pools `paged_attention.c` reads
+DECODE_KERNELS = {  # the pools `paged_attention.c` reads: its decode kernel for each
+    torch.float32: "paged_decode_f32",
+    torch.bfloat16: "paged_decode_bf16",
+    torch.float8_e4m3fn: "paged_decode_e4m3",
+    torch.float8_e5m2: "paged_decode_e5m2",
+    torch.uint8: "paged_decode_i8",  # int8 values and fp16 scales (`kv_format.py`)
+}
+CACHE_DTYPES = tuple(DECODE_KERNELS)
 
 
 def uses_kernels(cache: torch.Tensor) -> bool:
-    """The C kernels take an fp32 or bfloat16, contiguous, host-memory pool layer."""
+    """The C kernels take an fp32, bfloat16 or 8-bit, contiguous, host-memory pool layer."""
     return cache.device.type == "cpu" and cache.dtype in CACHE_DTYPES and cache.is_contiguous()
 
 

@@ -8,6 +8,8 @@ Decodes (one query token each) are many and short, so they run together in padde
 batches: sorted by context length and cut into buckets of similar lengths, so that little
 work goes into padding. Prefill and extend chunks are few and long, so they run one by one.
 Math runs in the cache's dtype; torch's attention kernel accumulates in fp32 either way.
+An 8-bit cache (`kv_cache_dtype`) is encoded as it is stored and its gathered blocks decoded
+to fp32 as they are read; attention over it runs in fp32.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 
 from minserve.attention.metadata import AttentionMetadata, PagedKVCache
 from minserve.attention.paged_plan import AttentionGroup, plan_step
+from minserve.kvcache.kv_format import attention_dtype, stored_format
 
 
 def flat_slots(cache: torch.Tensor) -> torch.Tensor:
@@ -37,12 +40,14 @@ def paged_store_reference(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write k, v [T, Hkv, D] into the caches [num_blocks, block_size, Hkv, D] at their slots.
+    """Write k, v [T, Hkv, D] into the caches [num_blocks, block_size, Hkv, row] at their
+    slots, encoded in the cache's format (`kv_format.py`; row = D but for int8).
 
     Slot s is block s // block_size, offset s % block_size: row s of the flat view.
     """
-    flat_slots(k_cache)[slot_mapping] = k
-    flat_slots(v_cache)[slot_mapping] = v
+    fmt = stored_format(k_cache.dtype)
+    flat_slots(k_cache)[slot_mapping] = fmt.encode(k)
+    flat_slots(v_cache)[slot_mapping] = fmt.encode(v)
 
 
 def paged_attention_reference(
@@ -56,9 +61,8 @@ def paged_attention_reference(
 
     `scale` defaults to 1 / sqrt(head_dim). The step's own k/v must already be stored.
     """
-    return attend_groups(
-        q, k_cache, v_cache, plan_step(metadata, k_cache.shape[1], k_cache.dtype), scale
-    )
+    groups = plan_step(metadata, k_cache.shape[1], attention_dtype(k_cache.dtype))
+    return attend_groups(q, k_cache, v_cache, groups, scale)
 
 
 def attend_groups(
@@ -68,16 +72,22 @@ def attend_groups(
     groups: list[AttentionGroup],
     scale: float | None,
 ) -> torch.Tensor:
-    """Run each planned group and scatter its output back to its rows: [T, Hq, D]."""
+    """Run each planned group and scatter its output back to its rows: [T, Hq, D].
+
+    The groups' masks are in `attention_dtype(cache dtype)`: the queries are cast to it.
+    """
     num_heads, head_dim = q.shape[1:]
+    fmt, dtype = stored_format(k_cache.dtype), attention_dtype(k_cache.dtype)
     outputs = []
     for g in groups:
         batch, n = g.positions.shape
-        group_q = q[g.rows].view(batch, n, num_heads, head_dim)  # [B, n, Hq, D]
-        k = gather_context(k_cache, g)  # [B, S, Hkv, D]
+        group_q = q[g.rows].view(batch, n, num_heads, head_dim).to(dtype)  # [B, n, Hq, D]
+        k = gather_context(k_cache, g)  # [B, S, Hkv, row]
         v = gather_context(v_cache, g)
+        if fmt.quantized:  # 8-bit blocks widened to fp32: [B, S, Hkv, D]
+            k, v = fmt.decode(k), fmt.decode(v)
         group_out = causal_attention(group_q, k, v, g.mask, scale)  # [B, n, Hq, D]
-        outputs.append(group_out.reshape(batch * n, num_heads, head_dim))
+        outputs.append(group_out.reshape(batch * n, num_heads, head_dim).to(q.dtype))
     if len(groups) == 1 and is_every_row(groups[0].rows, q.shape[0]):
         return outputs[0]  # one group holding every row in order: nothing to scatter
     out = torch.empty_like(q)  # [T, Hq, D]
@@ -171,7 +181,7 @@ class TorchPagedAttention:
         self.metadata = metadata
         self.scale = scale
         cache = kv.k_cache(0)
-        self.groups = plan_step(metadata, cache.shape[1], cache.dtype)
+        self.groups = plan_step(metadata, cache.shape[1], attention_dtype(cache.dtype))
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

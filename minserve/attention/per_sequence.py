@@ -15,6 +15,7 @@ import torch
 from minserve.attention.contiguous import Attend
 from minserve.attention.metadata import AttentionMetadata, PagedKVCache
 from minserve.attention.paged_torch import flat_slots, paged_store_reference
+from minserve.kvcache.kv_format import stored_format
 
 
 def context_slots(metadata: AttentionMetadata, block_size: int) -> list[torch.Tensor]:
@@ -43,10 +44,13 @@ class PerSequenceAttention:
         self.metadata.check_num_tokens(q.shape[0])
         k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
         paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
+        fmt = stored_format(k_cache.dtype)
         out = torch.empty_like(q)  # [T, Hq, D]
         for i, slots in enumerate(self.slots):
             rows = slice(self.starts[i], self.starts[i + 1])
             start = slots.shape[0] - (rows.stop - rows.start)  # tokens cached before this step
-            keys, values = flat_slots(k_cache)[slots], flat_slots(v_cache)[slots]  # [ctx, Hkv, D]
+            keys, values = flat_slots(k_cache)[slots], flat_slots(v_cache)[slots]  # [ctx, Hkv, row]
+            if fmt.quantized:  # an 8-bit cache, widened to the queries' dtype: [ctx, Hkv, D]
+                keys, values = fmt.decode(keys).to(q.dtype), fmt.decode(values).to(q.dtype)
             out[rows] = self.attend(q[rows], keys, values, start)
         return out

@@ -4,6 +4,10 @@ Built once per step from the step's `AttentionMetadata`: it splits the sequences
 decodes (one query token: `paged_decode`, GQA-grouped, split-K on long contexts) and
 prefill/extend chunks (several query tokens: `paged_prefill`), reading the metadata to the
 host once. Called per layer: store the step's k/v by slot, then run both kernels.
+An 8-bit pool (`kv_cache_dtype`): int8 k/v are quantized by `triton_kv8.py`'s store kernel,
+fp8 ones converted in torch and their bytes stored by `paged_store`; decodes run
+`triton_kv8.py`'s decode kernel, which widens the bytes as it reads them; prefill and
+extend chunks attend over the decoded cache in torch (`paged_torch.py`).
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+from minserve.attention.paged_plan import AttentionGroup, StepLayout, chunk_groups
+from minserve.attention.paged_torch import attend_groups
 from minserve.attention.triton_decode import DecodeKernels, paged_decode
 from minserve.attention.triton_env import check_kernel_device
+from minserve.attention.triton_kv8 import as_bytes, int8_store, kv8_decode
 from minserve.attention.triton_prefill import paged_prefill
 from minserve.attention.triton_store import paged_store
+from minserve.kvcache.kv_format import stored_format
 
 
 @dataclass(frozen=True)
@@ -75,12 +83,19 @@ class TritonPagedAttention:
         self.decode_rows: slice | torch.Tensor = (
             slice(0, num_decodes) if first or self.decodes is None else self.decodes.query_starts
         )
+        cache = kv.k_cache(0)
+        self.format = stored_format(cache.dtype)
+        self.groups: list[AttentionGroup] = []  # an 8-bit pool's chunks, run in torch
+        if self.format.quantized and self.chunks is not None:
+            self.groups = chunk_groups(StepLayout.read(metadata, cache.shape[1]), torch.float32)
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         self.metadata.check_num_tokens(q.shape[0])
         k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
+        if self.format.quantized:
+            return self.attend_8bit(q, k, v, k_cache, v_cache)
         paged_store(
             k_cache, v_cache, k, v, self.metadata.slot_mapping, kernel=self.decode_kernels.store
         )
@@ -98,5 +113,28 @@ class TritonPagedAttention:
                 q, k_cache, v_cache, c.block_tables, c.query_starts, c.query_lens,
                 c.context_lens, c.max_query_len, out, self.scale,
                 kernel=self.decode_kernels.prefill,
+            )  # fmt: skip
+        return out
+
+    def attend_8bit(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """The step over an 8-bit pool: store encoded bytes, decode in Triton, chunks in torch."""
+        fmt = self.format
+        if fmt.name == "int8":  # quantized in the store kernel
+            int8_store(k_cache, v_cache, k, v, self.metadata.slot_mapping)
+        else:  # fp8: converted by torch, its bytes stored
+            paged_store(
+                as_bytes(k_cache), as_bytes(v_cache), as_bytes(fmt.encode(k)),
+                as_bytes(fmt.encode(v)), self.metadata.slot_mapping,
+                kernel=self.decode_kernels.store,
+            )  # fmt: skip
+        out = attend_groups(q, k_cache, v_cache, self.groups, self.scale)  # [T, Hq, D]
+        if self.decodes is not None:
+            d = self.decodes
+            out[self.decode_rows] = kv8_decode(
+                q[self.decode_rows], k_cache, v_cache, d.block_tables, d.context_lens, fmt,
+                self.scale,
             )  # fmt: skip
         return out

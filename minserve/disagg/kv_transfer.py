@@ -117,7 +117,7 @@ class TorchKVTransfer:
     def send_blocks(self, kv: torch.Tensor) -> None:
         """Prefill side: one accepted request's blocks, [layers, 2, blocks, block_size, Hkv, D]."""
         start = time.perf_counter()
-        dist.send(kv.to(self.device).contiguous(), self.peer, group=self.group)
+        dist.send(as_wire(kv.to(self.device).contiguous()), self.peer, group=self.group)
         self.stats.num_transfers += 1
         self.stats.kv_bytes += kv.numel() * kv.element_size()
         self.stats.seconds += time.perf_counter() - start
@@ -130,7 +130,14 @@ class TorchKVTransfer:
 
     def receive_blocks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         kv = torch.empty(shape, dtype=dtype, device=self.device)  # [layers, 2, blocks, bs, Hkv, D]
-        dist.recv(kv, self.peer, group=self.group)
+        dist.recv(as_wire(kv), self.peer, group=self.group)
         self.stats.num_transfers += 1
         self.stats.kv_bytes += kv.numel() * kv.element_size()
         return kv
+
+
+def as_wire(kv: torch.Tensor) -> torch.Tensor:
+    """An fp8 KV cache's blocks travel as their bytes (a view): gloo has no fp8 type."""
+    if kv.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return kv.view(torch.uint8)
+    return kv

@@ -7,9 +7,12 @@
  * block table, in one call per layer (vLLM's CPU backend does the same in C++).
  *
  * Layouts (what `paged_cpu.py` passes; strides in elements):
- *   k_cache, v_cache  [num_blocks, block_size, Hkv, D], contiguous (one layer of the pool),
+ *   k_cache, v_cache  [num_blocks, block_size, Hkv, row], contiguous (one layer of the pool),
  *                     fp32 (`paged_decode_f32`) or bfloat16 (`paged_decode_bf16`: half the
- *                     bytes a decode reads; each key and value widened as it is read)
+ *                     bytes a decode reads; each key and value widened as it is read), or
+ *                     8 bits (`kv_format.py`): fp8 e4m3 / e5m2 (`paged_decode_e4m3`, `_e5m2`)
+ *                     or int8 (`paged_decode_i8`), its row D values then an fp16 scale
+ *                     (row = D + 2 bytes), the scale applied to each dot product and weight
  *   q, out            [T, Hq, D] fp32, token stride q_tok, out_tok; heads and D contiguous
  *   block_tables      [num_seqs, max_blocks] int32, row stride bt_stride
  * Query head h reads KV head h / (Hq / Hkv) (grouped-query attention). Each (sequence, KV
@@ -30,7 +33,7 @@
 #include "vec16.h"
 
 /* Write token t's k and v (`row` bytes each, at byte strides k_tok, v_tok) to its slot:
- * any dtype, the cache's own. */
+ * any dtype, the cache's own (an 8-bit cache's rows come encoded, by `kv_format.py`). */
 void store_kv(void *k_cache, void *v_cache, const void *k, const void *v, const int64_t *slots,
               int64_t num_tokens, int64_t k_tok, int64_t v_tok, int64_t row) {
     for (int64_t t = 0; t < num_tokens; t++) {
@@ -66,13 +69,32 @@ typedef struct {
     int64_t context, block_size, token_row; /* token_row: one slot, every KV head */
     int64_t first, count;                   /* the KV heads this task covers */
     int64_t head_dim, group;                /* group: query heads per KV head */
+    int64_t row;                            /* one KV head's stored elements: D (int8: D + 2) */
 } Pass;
+
+/* An fp16 scale's bits as a float (a normal number or zero: absmax / 127 of finite values). */
+static inline float half_scale(uint16_t h) {
+    if ((h & 0x7c00u) == 0) return (float)(h & 0x3ffu) * 0x1p-24f; /* zero, subnormals */
+    const uint32_t bits = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* What a stored K or V row's values are multiplied by: its int8 scale, stored after its
+ * head_dim values; 1 in the other formats. */
+ALWAYS_INLINE float row_scale(const void *row, int64_t head_dim, Format f) {
+    if (f != I8) return 1.0f;
+    uint16_t h;
+    memcpy(&h, (const char *)row + head_dim, sizeof h);
+    return half_scale(h);
+}
 
 /* Block b of the sequence in `cache`, at the task's first head (NULL past the context). */
 ALWAYS_INLINE const void *block_at(const void *cache, const Pass *p, int64_t b, Format f) {
     if (b * p->block_size >= p->context) return NULL;
     const int64_t block_row = p->block_size * p->token_row;
-    return element_at(cache, (int64_t)p->table[b] * block_row + p->first * p->head_dim, f);
+    return element_at(cache, (int64_t)p->table[b] * block_row + p->first * p->row, f);
 }
 
 /* Tokens of the sequence in block b: block_size, or fewer in its last block. */
@@ -86,15 +108,16 @@ static int64_t tokens_in(const Pass *p, int64_t b) {
  * product (and its lane sum) at a time: any head_dim. */
 ALWAYS_INLINE void score_each_key(float *scores, const float *q, const void *k_cache,
                                   const Pass *p, float scale, Format f) {
-    const int64_t span = p->count * p->head_dim * format_bytes(f), rows = p->count * p->group;
+    const int64_t span = p->count * p->row * format_bytes(f), rows = p->count * p->group;
     for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
         const void *block = block_at(k_cache, p, b, f), *next = block_at(k_cache, p, b + 1, f);
         for (int64_t j = 0; j < tokens_in(p, b); j++) {
             const void *slot = element_at(block, j * p->token_row, f);
             if (next != NULL) prefetch_rows(element_at(next, j * p->token_row, f), span);
             for (int64_t r = 0; r < rows; r++) {
-                const void *key = element_at(slot, (r / p->group) * p->head_dim, f);
-                const float qk = dot(q + r * p->head_dim, key, p->head_dim, f);
+                const void *key = element_at(slot, (r / p->group) * p->row, f);
+                const float qk = dot(q + r * p->head_dim, key, p->head_dim, f) *
+                                 row_scale(key, p->head_dim, f);
                 scores[r * p->context + j0 + j] = qk * scale;
             }
         }
@@ -130,7 +153,7 @@ ALWAYS_INLINE void score_keys(float *scores, const float *q, const void *k_cache
         return;
     }
     const int64_t rows = p->count * p->group, vecs = p->head_dim / LANES;
-    const int64_t span = p->count * p->head_dim * format_bytes(f);
+    const int64_t span = p->count * p->row * format_bytes(f);
     const void *slot[LANES], *next[LANES];
     chunk_slots(slot, k_cache, p, 0, p->context < LANES ? p->context : LANES, f);
     for (int64_t j0 = 0; j0 < p->context; j0 += LANES) {
@@ -142,14 +165,17 @@ ALWAYS_INLINE void score_keys(float *scores, const float *q, const void *k_cache
         }
         for (int64_t r = 0; r < rows; r++) {
             const float *qr = q + r * p->head_dim;
-            const int64_t head = (r / p->group) * p->head_dim;
+            const int64_t head = (r / p->group) * p->row;
             f32x16 parts[LANES] = {0};
             for (int64_t c = 0; c < vecs; c++) {
                 const f32x16 qc = load16(qr + c * LANES);
                 for (int t = 0; t < LANES; t++)
                     parts[REVERSED[t]] += qc * load16_as(slot[t], head + c * LANES, f);
             }
-            const f32x16 s = lane_sums16(parts) * scale;
+            f32x16 s = lane_sums16(parts) * scale; /* lane t: key t */
+            if (f == I8)
+                for (int t = 0; t < LANES; t++)
+                    s[t] *= row_scale(element_at(slot[t], head, f), p->head_dim, f);
             memcpy(scores + r * p->context + j0, &s, n * sizeof(float));
         }
         if (ahead > 0) memcpy(slot, next, sizeof slot);
@@ -176,7 +202,7 @@ static void softmax_rows(float *scores, int64_t rows, int64_t context) {
  * each value row added into every query row's output in memory: any head_dim. */
 ALWAYS_INLINE void weigh_each_value(float *out, const float *probs, const void *v_cache,
                                     const Pass *p, Format f) {
-    const int64_t span = p->count * p->head_dim * format_bytes(f), rows = p->count * p->group;
+    const int64_t span = p->count * p->row * format_bytes(f), rows = p->count * p->group;
     memset(out, 0, rows * p->head_dim * sizeof(float));
     for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
         const void *block = block_at(v_cache, p, b, f), *next = block_at(v_cache, p, b + 1, f);
@@ -184,8 +210,9 @@ ALWAYS_INLINE void weigh_each_value(float *out, const float *probs, const void *
             const void *slot = element_at(block, j * p->token_row, f);
             if (next != NULL) prefetch_rows(element_at(next, j * p->token_row, f), span);
             for (int64_t r = 0; r < rows; r++) {
-                const void *value = element_at(slot, (r / p->group) * p->head_dim, f);
-                const float weight = probs[r * p->context + j0 + j];
+                const void *value = element_at(slot, (r / p->group) * p->row, f);
+                const float weight =
+                    probs[r * p->context + j0 + j] * row_scale(value, p->head_dim, f);
                 axpy(out + r * p->head_dim, weight, value, p->head_dim, f);
             }
         }
@@ -205,12 +232,12 @@ ALWAYS_INLINE void weigh_values(float *out, const float *probs, const void *v_ca
     }
     for (int64_t r = 0; r < p->count * p->group; r++) {
         const float *pr = probs + r * p->context;
-        const int64_t head = (r / p->group) * p->head_dim;
+        const int64_t head = (r / p->group) * p->row;
         f32x16 sums[MAX_VECS] = {0};
         for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
             const void *slot = element_at(block_at(v_cache, p, b, f), head, f);
             for (int64_t j = 0; j < tokens_in(p, b); j++) {
-                const f32x16 weight = (f32x16){0} + pr[j0 + j];
+                const f32x16 weight = (f32x16){0} + pr[j0 + j] * row_scale(slot, p->head_dim, f);
                 for (int64_t c = 0; c < vecs; c++)
                     sums[c] += weight * load16_as(slot, c * LANES, f);
                 slot = element_at(slot, p->token_row, f);
@@ -245,6 +272,22 @@ static int decode_task_bf16(float *out, const float *q, const void *k_cache,
                             const void *v_cache, const Pass *pass, float scale) {
     return decode_task(out, q, k_cache, v_cache, pass, scale, BF16);
 }
+static int decode_task_e4m3(float *out, const float *q, const void *k_cache,
+                            const void *v_cache, const Pass *pass, float scale) {
+    return decode_task(out, q, k_cache, v_cache, pass, scale, E4M3);
+}
+static int decode_task_e5m2(float *out, const float *q, const void *k_cache,
+                            const void *v_cache, const Pass *pass, float scale) {
+    return decode_task(out, q, k_cache, v_cache, pass, scale, E5M2);
+}
+static int decode_task_i8(float *out, const float *q, const void *k_cache, const void *v_cache,
+                          const Pass *pass, float scale) {
+    return decode_task(out, q, k_cache, v_cache, pass, scale, I8);
+}
+static const TaskFn TASKS[] = {
+    [F32] = decode_task_f32, [BF16] = decode_task_bf16, [E4M3] = decode_task_e4m3,
+    [E5M2] = decode_task_e5m2, [I8] = decode_task_i8,
+};
 
 /* Decode attention for `num_decodes` sequences: sequence seqs[i] has its query token at row
  * rows[i], its blocks in block_tables[seqs[i]] and context_lens[seqs[i]] keys (its own new
@@ -260,7 +303,8 @@ static int paged_decode(float *out, const float *q, const void *k_cache, const v
     const int64_t group = num_heads / num_kv_heads;
     const int64_t per_task = num_decodes >= omp_get_max_threads() ? num_kv_heads : 1;
     const int64_t tasks_per_seq = num_kv_heads / per_task;
-    const TaskFn run = f == BF16 ? decode_task_bf16 : decode_task_f32;
+    const TaskFn run = TASKS[f];
+    const int64_t row = f == I8 ? head_dim + 2 : head_dim; /* int8: the fp16 scale follows */
     int failed = 0;
     const int64_t num_tasks = num_decodes * tasks_per_seq;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed) if (num_tasks > 1)
@@ -268,9 +312,9 @@ static int paged_decode(float *out, const float *q, const void *k_cache, const v
         const int64_t i = task / tasks_per_seq, seq = seqs[i];
         const Pass pass = {
             .table = block_tables + seq * bt_stride, .context = context_lens[seq],
-            .block_size = block_size, .token_row = num_kv_heads * head_dim,
+            .block_size = block_size, .token_row = num_kv_heads * row,
             .first = task % tasks_per_seq * per_task, .count = per_task,
-            .head_dim = head_dim, .group = group,
+            .head_dim = head_dim, .group = group, .row = row,
         };
         const int64_t first_row = pass.first * group * head_dim; /* its query heads, in a row */
         failed |= run(out + rows[i] * out_tok + first_row, q + rows[i] * q_tok + first_row,
@@ -299,3 +343,18 @@ int paged_decode_bf16(float *out, const float *q, const uint16_t *k_cache,
                         num_decodes, q_tok, out_tok, bt_stride, block_size, num_heads,
                         num_kv_heads, head_dim, scale, BF16);
 }
+
+/* The 8-bit caches (`kv_format.py`): bytes widened to fp32 as they are read. */
+#define PAGED_DECODE_8BIT(name, format)                                                       \
+    int name(float *out, const float *q, const uint8_t *k_cache, const uint8_t *v_cache,     \
+             const int32_t *block_tables, const int32_t *context_lens, const int64_t *seqs,  \
+             const int64_t *rows, int64_t num_decodes, int64_t q_tok, int64_t out_tok,       \
+             int64_t bt_stride, int64_t block_size, int64_t num_heads, int64_t num_kv_heads, \
+             int64_t head_dim, float scale) {                                                \
+        return paged_decode(out, q, k_cache, v_cache, block_tables, context_lens, seqs,      \
+                            rows, num_decodes, q_tok, out_tok, bt_stride, block_size,        \
+                            num_heads, num_kv_heads, head_dim, scale, format);               \
+    }
+PAGED_DECODE_8BIT(paged_decode_e4m3, E4M3)
+PAGED_DECODE_8BIT(paged_decode_e5m2, E5M2)
+PAGED_DECODE_8BIT(paged_decode_i8, I8)

@@ -37,19 +37,49 @@ static inline f32x16 widen16(const uint16_t *p) {
     return f;
 }
 
-/* How a tensor the kernels read is stored: fp32, or bfloat16 bits. The functions that take a
- * Format are inlined with it a constant, so one text compiles into one loop per format. */
-typedef enum { F32, BF16 } Format;
+/* An 8-bit float's magnitude bits `em` (exponent, then `mant_bits` of mantissa, exponent
+ * bias `bias`) as a float32: the fields moved into float32's places and the exponent
+ * rebiased. A subnormal (exponent field 0) is read as the normal number with exponent field
+ * 1 less that number's implicit one, exactly. Finite values only (the KV cache saturates). */
+static inline float minifloat(uint8_t byte, int mant_bits, int bias) {
+    const uint32_t em = byte & 0x7fu, sub = em < (1u << mant_bits);
+    const uint32_t bits =
+        ((em + (sub << mant_bits)) << (23 - mant_bits)) + ((uint32_t)(127 - bias) << 23);
+    const uint32_t one_bits = (uint32_t)(128 - bias) << 23; /* 2^(1 - bias): that implicit one */
+    float f = 0.0f, one = 0.0f;
+    memcpy(&f, &bits, sizeof f);
+    memcpy(&one, &one_bits, sizeof one);
+    if (sub) f -= one;
+    return byte & 0x80u ? -f : f;
+}
+static inline float e4m3(uint8_t b) { return minifloat(b, 3, 7); }  /* torch.float8_e4m3fn */
+static inline float e5m2(uint8_t b) { return minifloat(b, 2, 15); } /* torch.float8_e5m2 */
+
+/* How a tensor the kernels read is stored: fp32, bfloat16 bits, an 8-bit float (e4m3, e5m2)
+ * or an int8 (its scale kept by the caller). The functions that take a Format are inlined
+ * with it a constant, so one text compiles into one loop per format. */
+typedef enum { F32, BF16, E4M3, E5M2, I8 } Format;
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-ALWAYS_INLINE int64_t format_bytes(Format f) { return f == BF16 ? 2 : 4; }
+ALWAYS_INLINE int64_t format_bytes(Format f) { return f == F32 ? 4 : f == BF16 ? 2 : 1; }
 
 /* Element i of p, as a float; sixteen of them from i on; the address of element i. */
 ALWAYS_INLINE float load_as(const void *p, int64_t i, Format f) {
-    return f == BF16 ? widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    const uint8_t *bytes = p;
+    switch (f) {
+    case BF16: return widen(((const uint16_t *)p)[i]);
+    case E4M3: return e4m3(bytes[i]);
+    case E5M2: return e5m2(bytes[i]);
+    case I8: return (float)(int8_t)bytes[i];
+    default: return ((const float *)p)[i];
+    }
 }
 ALWAYS_INLINE f32x16 load16_as(const void *p, int64_t i, Format f) {
-    return f == BF16 ? widen16((const uint16_t *)p + i) : load16((const float *)p + i);
+    if (f == F32) return load16((const float *)p + i);
+    if (f == BF16) return widen16((const uint16_t *)p + i);
+    f32x16 v = {0};
+    for (int lane = 0; lane < LANES; lane++) v[lane] = load_as(p, i + lane, f);
+    return v;
 }
 ALWAYS_INLINE const void *element_at(const void *p, int64_t i, Format f) {
     return (const char *)p + i * format_bytes(f);

@@ -42,14 +42,15 @@ class TierCosts:
         return num_bytes / self.copy_bytes_per_s < num_tokens / self.prefill_tokens_per_s
 
     @classmethod
-    def measure(cls, pool: PagedKVPool, num_params: int) -> TierCosts:
+    def measure(cls, pool: PagedKVPool, num_params: int, dtype: torch.dtype) -> TierCosts:
         """Copy bandwidth from timing a host -> pool copy; prefill speed from measured
         matmul FLOP/s over the model's 2 x params FLOPs per token (the prefill roofline),
-        both on the pool's device and in its dtype (where the prefill would run)."""
+        both on the pool's device, the matmul in the model's `dtype` (where the prefill
+        would run)."""
         device = pool.device
         block = pool.read_blocks([0])  # [layers, 2, 1, bs, Hkv, D] on the host
         copy_s = min(_seconds(lambda: pool.write_blocks([0], block), device) for _ in range(3))
-        a = torch.randn(512, 512, device=device, dtype=pool.dtype)
+        a = torch.randn(512, 512, device=device, dtype=dtype)
         flops_s = 2 * 512**3 / min(_seconds(lambda: a @ a, device) for _ in range(3))
         return cls(pool.block_nbytes / copy_s, flops_s / (2 * num_params))
 

@@ -4,6 +4,7 @@ PagedAttention's memory: instead of one contiguous [max_len] cache per sequence,
 is cut into fixed-size blocks and a sequence's tokens live wherever its block table says.
 Attention reads `k_cache(layer)` / `v_cache(layer)` through the block tables; this module
 only owns the memory, sizes it, and copies blocks (copy-on-write, swapping).
+Values are stored in a `KVFormat` (`kv_format.py`): the model's dtype, fp8 or int8.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import torch
 
 from minserve.config import DEFAULT_KV_CACHE_BYTES, CacheConfig
+from minserve.kvcache.kv_format import KVFormat, stored_format
 from minserve.model_config import ModelConfig
 
 
 class PagedKVPool:
-    """The paged KV pool: per layer K and V shaped [num_blocks, block_size, num_kv_heads, head_dim].
+    """The paged KV pool: per layer K and V shaped [num_blocks, block_size, num_kv_heads, row].
 
-    All layers live in one tensor [num_layers, 2 (K, V), num_blocks, block_size, Hkv, D],
-    so a block's whole KV (every layer) moves with one indexing operation.
+    All layers live in one tensor [num_layers, 2 (K, V), num_blocks, block_size, Hkv, row],
+    so a block's whole KV (every layer) moves with one indexing operation. `row` is head_dim
+    values in the format's storage dtype (int8: head_dim + 2 bytes, see `kv_format.py`).
     """
 
     def __init__(
@@ -26,7 +29,7 @@ class PagedKVPool:
         model_config: ModelConfig,
         num_blocks: int,
         block_size: int,
-        dtype: torch.dtype,
+        dtype: torch.dtype | KVFormat,
         device: torch.device | str,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -35,16 +38,17 @@ class PagedKVPool:
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.dtype = dtype
+        self.format = as_format(dtype)
+        self.dtype = self.format.storage_dtype  # what the pool tensor holds
         self.device = torch.device(device)
-        self.block_nbytes = self.bytes_per_block(model_config, block_size, dtype)
+        self.block_nbytes = self.bytes_per_block(model_config, block_size, self.format)
         # zeros, not empty: unused slots must never hold NaNs a masked kernel could touch
         self.kv = torch.zeros(
             (model_config.num_layers, 2, num_blocks, block_size)
-            + (model_config.num_kv_heads, model_config.head_dim),
-            dtype=dtype,
+            + (model_config.num_kv_heads, self.format.row_size(model_config.head_dim)),
+            dtype=self.dtype,
             device=self.device,
-        )  # [num_layers, 2, num_blocks, block_size, Hkv, D]
+        )  # [num_layers, 2, num_blocks, block_size, Hkv, row]
         # each layer's views made once: attention asks for them every layer of every step
         self._layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(model_config.num_layers)]
 
@@ -66,7 +70,7 @@ class PagedKVPool:
     def gather_blocks(self, blocks: list[int]) -> torch.Tensor:
         """A copy of these blocks' KV in every layer, on the pool's device (for sending).
 
-        Shape [num_layers, 2, len(blocks), block_size, Hkv, D].
+        Shape [num_layers, 2, len(blocks), block_size, Hkv, row], in the stored format.
         """
         return self.kv[:, :, self._index(blocks)]
 
@@ -89,6 +93,11 @@ class PagedKVPool:
                 f"data for {len(blocks)} blocks must be shaped {tuple(expected)}, "
                 f"got {tuple(data.shape)}"
             )
+        if self.format.quantized and data.dtype != self.dtype:
+            raise ValueError(
+                f"data for a {self.format.name} pool must hold its stored bytes ({self.dtype}), "
+                f"got {data.dtype}"
+            )
         # from pinned memory the copy runs on the stream, ahead of the kernels that read it
         self.kv[:, :, self._index(blocks)] = data.to(self.device, self.dtype, non_blocking=True)
 
@@ -98,14 +107,17 @@ class PagedKVPool:
         return self.kv.numel() * self.kv.element_size()
 
     @staticmethod
-    def bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        """Bytes of one block in every layer: layers x (K, V) x block_size x Hkv x D x itemsize."""
-        per_token = 2 * model_config.num_layers * model_config.kv_size * dtype.itemsize
-        return block_size * per_token
+    def bytes_per_block(
+        model_config: ModelConfig, block_size: int, dtype: torch.dtype | KVFormat
+    ) -> int:
+        """Bytes of one block in every layer: layers x (K, V) x block_size x Hkv x bytes per
+        token and head (head_dim x itemsize, or the format's row)."""
+        per_head = as_format(dtype).bytes_per_token_head(model_config.head_dim)
+        return block_size * 2 * model_config.num_layers * model_config.num_kv_heads * per_head
 
     @classmethod
     def num_blocks_for(
-        cls, cache_config: CacheConfig, model_config: ModelConfig, dtype: torch.dtype
+        cls, cache_config: CacheConfig, model_config: ModelConfig, dtype: torch.dtype | KVFormat
     ) -> int:
         """`cache_config.num_blocks` if set, else as many blocks as the byte budget holds."""
         if cache_config.num_blocks is not None:
@@ -113,12 +125,13 @@ class PagedKVPool:
         budget = cache_config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
         per_block = cls.bytes_per_block(model_config, cache_config.block_size, dtype)
         if budget < per_block:
-            m = model_config
+            m, fmt = model_config, as_format(dtype)
             raise ValueError(
                 f"kv_cache_memory_bytes={budget} holds no block: one block of "
                 f"{cache_config.block_size} tokens needs {per_block} bytes ({m.num_layers} layers"
-                f" x K,V x {m.num_kv_heads} KV heads x head_dim {m.head_dim} x "
-                f"{dtype.itemsize} bytes per value); raise the budget or lower block_size"
+                f" x K,V x {m.num_kv_heads} KV heads x {fmt.bytes_per_token_head(m.head_dim)} "
+                f"bytes per token and head: head_dim {m.head_dim} in {fmt.name}); raise the "
+                "budget, lower block_size or store the cache in 8 bits (kv_cache_dtype)"
             )
         return budget // per_block
 
@@ -128,3 +141,8 @@ class PagedKVPool:
         if bad:
             raise ValueError(f"block ids {bad} are outside the pool (0 .. {self.num_blocks - 1})")
         return torch.tensor(blocks, dtype=torch.long, device=self.device)
+
+
+def as_format(dtype: torch.dtype | KVFormat) -> KVFormat:
+    """A plain dtype is the format that stores values in that dtype."""
+    return dtype if isinstance(dtype, KVFormat) else stored_format(dtype)

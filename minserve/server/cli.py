@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minserve.config import SCHEDULING_POLICIES
+from minserve.config import KV_CACHE_DTYPES, SCHEDULING_POLICIES
 from minserve.disagg.topology import PDTopology
 from minserve.speculative.config import SpeculativeConfig
 
@@ -40,6 +40,8 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
         "--gpu-memory-utilization", type=float, default=0.9,
         help="on a GPU: the share of its memory for weights, activations and the KV pool",
     )  # fmt: skip
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="KV cache storage: auto (the model's dtype) or 8 bits")  # fmt: skip
     p.add_argument("--swap-space", type=float, default=0.0, help="GiB of host swap for KV")
     p.add_argument("--enable-prefix-caching", action="store_true", help="radix prefix cache")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -173,7 +175,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         dtype=args.dtype, quantization=args.quantization, max_model_len=args.max_model_len,
         block_size=args.block_size, num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes, swap_space=args.swap_space,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.enable_prefix_caching,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,

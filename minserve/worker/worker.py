@@ -84,7 +84,8 @@ class Worker:
     def measure_tier_costs(self) -> TierCosts:
         """Copy bandwidth and prefill speed on this device (the host tier's rule)."""
         num_params = sum(p.numel() for p in self.model.parameters())
-        return TierCosts.measure(self.pool, num_params)
+        dtype = next(p.dtype for p in self.model.parameters() if p.is_floating_point())
+        return TierCosts.measure(self.pool, num_params, dtype)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: block operations, drafts, the forward, the samples."""
