@@ -27,8 +27,8 @@ import minserve
 PACKAGE = Path(minserve.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"kernels", "config", "device", "environment", "errors", "messages", "model_config", "outputs",
-     "sampling_params", "step_timings", "stop_strings"},
+    {"kernels", "config", "device", "environment", "openmp_env", "errors", "messages",
+     "model_config", "outputs", "sampling_params", "step_timings", "stop_strings"},
     {"kvcache", "attention"},
     {"execution"},
     {"model"},

@@ -24,9 +24,9 @@
 #include "vec16.h"
 
 enum { BLOCK = 32, XS = 4 };
-/* I8: a row of plain int8 weights, one fp32 scale per row applied after the sums
+/* I8_ROW: a row of plain int8 weights, one fp32 scale per row applied after the sums
  * (weight-only int8 with a scale per output channel, `int8_linear.py`). */
-typedef enum { Q8_0, Q4_0, Q4_1, I8 } Quant;
+typedef enum { Q8_0, Q4_0, Q4_1, I8_ROW } Quant;
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
@@ -71,9 +71,9 @@ static inline float half_at(const uint8_t *p) {
 
 /* One block's 32 weights as two vectors: w[0] holds weights 0-15, w[1] weights 16-31. */
 ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
-    if (t == I8 || t == Q8_0) {
-        const int64_t at = t == I8 ? 0 : 2;
-        const float d = t == I8 ? 1.0f : half_at(block); /* I8's scale comes after the sums */
+    if (t == I8_ROW || t == Q8_0) {
+        const int64_t at = t == I8_ROW ? 0 : 2;
+        const float d = t == I8_ROW ? 1.0f : half_at(block); /* its scale: after the sums */
         i8x16 lo, hi;
         memcpy(&lo, block + at, sizeof lo);
         memcpy(&hi, block + at + 16, sizeof hi);
@@ -162,7 +162,7 @@ void int8_rows(float *out, const float *x, const int8_t *w, const float *scales,
                int64_t n, int64_t k) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; r++) {
-        weight_row(out, x, (const uint8_t *)w, m, n, k, r, I8);
+        weight_row(out, x, (const uint8_t *)w, m, n, k, r, I8_ROW);
         for (int64_t i = 0; i < m; i++) out[i * n + r] *= scales[r];
     }
 }
