@@ -11,6 +11,7 @@ import torch
 from test_engine import token_ids
 
 from minserve import LLM, SamplingParams
+from minserve.bench.perplexity import bundled_text, perplexity
 
 PARITY_PROMPTS = [
     "The capital of France is",
@@ -66,3 +67,12 @@ def test_fp8_is_e4m3_and_a_fixed_budget_holds_twice_the_tokens(smollm) -> None:
     bf16_blocks = budget // (plain.block_nbytes // 2)
     assert fp8.engine.kv.allocator.num_blocks == budget // (plain.block_nbytes // 4)
     assert int8.engine.kv.allocator.num_blocks >= 1.9 * bf16_blocks
+
+
+def test_int8_and_fp8_e4m3_caches_keep_perplexity_within_1_percent(smollm) -> None:
+    ids = smollm.get_tokenizer().encode(bundled_text())  # Pride and Prejudice, ~700 tokens
+    want = perplexity(smollm, ids, 256, 256)  # the model's own (fp32) cache
+    for name in ("int8", "fp8_e4m3"):
+        got = perplexity(LLM(smollm.loaded, num_blocks=32, kv_cache_dtype=name), ids, 256, 256)
+        assert got.num_scored_tokens == want.num_scored_tokens > 600
+        assert abs(got.perplexity / want.perplexity - 1) < 0.01, (name, got, want)

@@ -3,6 +3,7 @@
     minserve bench perplexity --dtype float32
     minserve bench perplexity --model file.gguf --quantization gguf --text notes.txt \
         --window 512 --stride 256
+    minserve bench perplexity --dtype bfloat16 --kv-cache-dtype int8
 
 A correctness check more than a speed one: the same weights in float32, bfloat16 or kept
 quantized should give close perplexities; a broken kernel or loader shows as a jump.
@@ -23,6 +24,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--quantization", default=None, help="LLM's quantization option (gguf, ...)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto, fp8_e4m3, fp8_e5m2 or int8")
     p.add_argument("--text", type=Path, default=None, help="UTF-8 text (default: bundled)")
     p.add_argument("--window", type=int, default=None,
                    help="tokens per window (default: max_model_len - 1)")  # fmt: skip
@@ -39,7 +41,7 @@ def run_command(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     text = args.text.read_text("utf-8") if args.text else bundled_text()
     llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization,
-              max_model_len=args.max_model_len)  # fmt: skip
+              kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len)  # fmt: skip
     token_ids = llm.get_tokenizer().encode(text)
     window = args.window or llm.max_model_len - 1
     result = perplexity(llm, token_ids, window, args.stride or window)
@@ -53,6 +55,7 @@ def report(result: PerplexityResult, args: argparse.Namespace) -> str:
         "model": args.model or "SmolLM2-135M-Instruct (bundled)",
         "dtype": args.dtype,
         "quantization": args.quantization or "none",
+        "kv cache dtype": args.kv_cache_dtype,
         "text": str(args.text) if args.text else "bundled (Pride and Prejudice, chapter 1)",
         "tokens scored": result.num_scored_tokens,
         "windows": f"{result.num_windows} (window {result.window}, stride {result.stride})",
