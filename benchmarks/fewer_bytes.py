@@ -7,7 +7,7 @@ one saved copy (`benchmarks/offline_throughput.py`'s peers): offline, 64 request
 token ids with prompt and output lengths uniform in [32, 256] (seed 0, ignore_eos); batch
 1, one 128-token prompt and 128 output tokens. minserve runs in float32 and bfloat16, with
 `quantization="gguf"` (the bundled file's blocks as stored) and `"int8"`, and with 8-bit KV
-caches where this tree has them; vLLM CPU in bfloat16 (its default) and float32, on the
+caches (int8, fp8_e4m3); vLLM CPU in bfloat16 (its default) and float32, on the
 same weights. The same run measures the machine's floors: the copy bandwidth (a sum over
 512 MiB) and matmul FLOP/s, so batch-1 speed can be read as a share of bandwidth / bytes
 per step. The report says which targets are met.
@@ -56,6 +56,8 @@ CONFIGS = (
     Config("minserve gguf bf16", "minserve", "bfloat16", (("quantization", "gguf"),)),
     Config("minserve int8", "minserve", "float32", (("quantization", "int8"),)),
     Config("minserve int8 bf16", "minserve", "bfloat16", (("quantization", "int8"),)),
+    Config("minserve bf16 kv int8", "minserve", "bfloat16", (("kv_cache_dtype", "int8"),)),
+    Config("minserve bf16 kv fp8", "minserve", "bfloat16", (("kv_cache_dtype", "fp8_e4m3"),)),
     Config("vllm bf16", "vllm", "bfloat16"),
     Config("vllm fp32", "vllm", "float32"),
 )
