@@ -8,7 +8,8 @@ vLLM's `quantization="gguf"`). `LLM(model="file.gguf", quantization="gguf")` bui
 
 - `QuantizedLinear`: a decode's few rows go through the C kernel that reads the blocks
   (`kernels/quant_rows.c`); more rows (a prefill) widen the whole weight for the call and
-  run one fp32 matrix product, compute-bound there anyway.
+  run one fp32 matrix product, compute-bound there anyway. On a GPU every step runs the
+  Triton kernel that widens the blocks inside the matrix product (`triton_quant.py`).
 - `QuantizedEmbedding`: looks up the blocks of the step's token ids and widens just those.
 
 `dequantize` is the reference: the `gguf` package's arithmetic (fp16 scale times integer,
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
 from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
+from minserve.model.triton_quant import quant_matmul
 
 QUANTS = tuple(QUANT_BLOCK_BYTES)  # ("Q8_0", "Q4_0", "Q4_1"): the formats kept as stored
 KERNEL_ROWS = 16  # up to this many rows the C kernel reads the blocks; more widen them once
@@ -76,6 +78,9 @@ class QuantizedLinear(nn.Module):
         bias = None if self.bias is None else self.bias.float()
         if rows.shape[0] <= KERNEL_ROWS and self.c_kernels and _kernel_applies(rows):
             out = cpu_ops.quant_rows(rows, self.blocks, self.quant)  # [N, out] fp32
+            out = out if bias is None else out + bias
+        elif rows.is_cuda:  # a GPU: the blocks widened inside Triton's matrix product
+            out = quant_matmul(rows, self.blocks, self.quant)  # [N, out] fp32
             out = out if bias is None else out + bias
         else:  # many rows: widen the weight once for this call
             out = F.linear(rows.float(), self.widened(), bias)
