@@ -134,7 +134,7 @@ def test_the_int8_model_holds_int8_rows_and_computes_their_widened_logits(int8_m
         for m in (int8, reference)
     ]
     assert outputs[0] == outputs[1]
-    fp32 = weight_bytes(load_model(prepack=False).model)
+    fp32 = weight_bytes(reference.model)  # unpacked fp32 parameters (values int8's, bytes not)
     assert weight_bytes(int8.model) <= fp32 * 0.26  # a byte a weight, a scale a row
     assert "int8(per channel: 122 layers; weights" in int8.execution.summary()
 
