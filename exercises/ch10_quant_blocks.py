@@ -1,8 +1,8 @@
 # Your workspace for chapter 10 (Fewer bytes): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 10` from the repository root.
-# Generated from minserve/model/quant_blocks.py by `python -m minserve.course.generate`.
-# stub fingerprint: a5a7f4c964fe (lets the generator tell your edits from a stale stub)
+# Generated from minserve/model/quant_blocks.py, minserve/model/quantize_model.py by `python -m minserve.course.generate`.
+# stub fingerprint: 1bba17e7ccfe (lets the generator tell your edits from a stale stub)
 """Chapter 10, Fewer bytes: GGUF's block formats, both ways, and the matmul that
 widens them a slice at a time.
 
@@ -11,10 +11,13 @@ widens them a slice at a time.
 the `gguf` package; 10.3 multiplies by a blocked weight without widening all of it.
 Plug them into the engine with `LLM(model=<gguf file>, quantization="gguf",
 quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens
-its blocks with your dequantize functions and multiplies with your matmul.
+its blocks with your dequantize functions and multiplies with your matmul. 10.4
+quantizes a loaded fp32 model's layers with your quantize functions: serve it with
+`LLM(model=loaded, quant_codec=...)`.
 """
 
 import torch
+from torch import nn
 
 from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
 from minserve.model.quant_blocks import QuantCodec  # noqa: F401
@@ -25,6 +28,8 @@ from minserve.model.quant_blocks import (  # noqa: F401  (your code will want th
     half,
     half_bytes,
 )
+from minserve.model.quant_blocks import Quantize
+from minserve.model.quantized_linear import QuantizedEmbedding, QuantizedLinear
 
 
 # Exercise 10.1: Q8_0 blocks
@@ -104,3 +109,14 @@ def dequantize_matmul(
     of the additions.
     """
     raise NotImplementedError("Exercise 10.3: the dequantizing matmul")
+
+
+# Exercise 10.4: quantize a model
+def quantize_weights(model: nn.Module, quant: str, quantize: Quantize) -> int:
+    """Replace every `nn.Linear` and `nn.Embedding` of `model` (a plain fp32 one) by its
+    quantized form holding `quantize(weight)`, blocks uint8 [rows, row bytes] of format
+    `quant`; the embedding keeps its dtype for what it returns. A head tied to the
+    embedding (`model.lm_head.weight is` the table) becomes a `QuantizedLinear` over the
+    embedding's blocks, quantized once. Returns how many layers were replaced.
+    """
+    raise NotImplementedError("Exercise 10.4: quantize a model")

@@ -1,4 +1,4 @@
-# Generated from minserve/model/quant_blocks.py by `python -m minserve.course.generate`;
+# Generated from minserve/model/quant_blocks.py, minserve/model/quantize_model.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 10, Fewer bytes: GGUF's block formats, both ways, and the matmul that
 widens them a slice at a time.
@@ -8,10 +8,13 @@ widens them a slice at a time.
 the `gguf` package; 10.3 multiplies by a blocked weight without widening all of it.
 Plug them into the engine with `LLM(model=<gguf file>, quantization="gguf",
 quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens
-its blocks with your dequantize functions and multiplies with your matmul.
+its blocks with your dequantize functions and multiplies with your matmul. 10.4
+quantizes a loaded fp32 model's layers with your quantize functions: serve it with
+`LLM(model=loaded, quant_codec=...)`.
 """
 
 import torch
+from torch import nn
 
 from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
 from minserve.model.quant_blocks import QuantCodec  # noqa: F401
@@ -22,6 +25,8 @@ from minserve.model.quant_blocks import (  # noqa: F401  (your code will want th
     half,
     half_bytes,
 )
+from minserve.model.quant_blocks import Quantize
+from minserve.model.quantized_linear import QuantizedEmbedding, QuantizedLinear
 
 
 # Exercise 10.1: Q8_0 blocks
@@ -134,3 +139,30 @@ def dequantize_matmul(
         weights = widen(blocks[:, first * per_block : last * per_block], quant)  # [out, cols]
         out += x[:, first * QUANT_BLOCK : last * QUANT_BLOCK] @ weights.T
     return out
+
+
+# Exercise 10.4: quantize a model
+def quantize_weights(model: nn.Module, quant: str, quantize: Quantize) -> int:
+    """Replace every `nn.Linear` and `nn.Embedding` of `model` (a plain fp32 one) by its
+    quantized form holding `quantize(weight)`, blocks uint8 [rows, row bytes] of format
+    `quant`; the embedding keeps its dtype for what it returns. A head tied to the
+    embedding (`model.lm_head.weight is` the table) becomes a `QuantizedLinear` over the
+    embedding's blocks, quantized once. Returns how many layers were replaced.
+    """
+    table = model.get_submodule("model.embed_tokens").weight
+    tied = model.get_submodule("lm_head").weight is table
+    table_blocks = quantize(table.detach().float())  # [vocab, row bytes]
+    replaced = 0
+    for name, layer in list(model.named_modules()):
+        parent_name, _, attr = name.rpartition(".")
+        if isinstance(layer, nn.Embedding):
+            new: nn.Module = QuantizedEmbedding(table_blocks, quant, layer.weight.dtype)
+        elif isinstance(layer, nn.Linear):
+            tied_head = tied and layer.weight is table
+            blocks = table_blocks if tied_head else quantize(layer.weight.detach().float())
+            new = QuantizedLinear(blocks, quant, layer.bias)
+        else:
+            continue
+        setattr(model.get_submodule(parent_name), attr, new)
+        replaced += 1
+    return replaced

@@ -378,7 +378,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="fewer_bytes",
         title="Fewer bytes",
         module="ch10_quant_blocks",
-        sources=("model/quant_blocks.py",),
+        sources=("model/quant_blocks.py", "model/quantize_model.py"),
         header=(
             '"""Chapter 10, Fewer bytes: GGUF\'s block formats, both ways, and the matmul that\n'
             "widens them a slice at a time.\n\n"
@@ -387,9 +387,12 @@ CHAPTERS: tuple[Chapter, ...] = (
             "the `gguf` package; 10.3 multiplies by a blocked weight without widening all of it.\n"
             'Plug them into the engine with `LLM(model=<gguf file>, quantization="gguf",\n'
             "quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens\n"
-            "its blocks with your dequantize functions and multiplies with your matmul.\n"
+            "its blocks with your dequantize functions and multiplies with your matmul. 10.4\n"
+            "quantizes a loaded fp32 model's layers with your quantize functions: serve it with\n"
+            "`LLM(model=loaded, quant_codec=...)`.\n"
             '"""\n\n'
-            "import torch\n\n"
+            "import torch\n"
+            "from torch import nn\n\n"
             "from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES\n"
             "from minserve.model.quant_blocks import QuantCodec  # noqa: F401\n"
             "from minserve.model.quant_blocks import (  # noqa: F401  (your code will want them)\n"
@@ -399,6 +402,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             "    half,\n"
             "    half_bytes,\n"
             ")\n"
+            "from minserve.model.quant_blocks import Quantize\n"
+            "from minserve.model.quantized_linear import QuantizedEmbedding, QuantizedLinear\n"
         ),
         checks="minserve.course.checks_ch10",
     ),

@@ -1,13 +1,14 @@
 """Checks for chapter 10, run against any module that defines GGUF's block codecs
 (`quantize_q8_0`, `dequantize_q8_0`, `pack_nibbles`, `unpack_nibbles`, `quantize_q4_0`,
-`dequantize_q4_0`, `quantize_q4_1`, `dequantize_q4_1`) and `dequantize_matmul`: the
-solutions, or a student's exercise file.
+`dequantize_q4_0`, `quantize_q4_1`, `dequantize_q4_1`), `dequantize_matmul` and
+`quantize_weights`: the solutions, or a student's exercise file.
 
 The oracle is the `gguf` package's `quantize` and `dequantize` (llama.cpp's reference
 arithmetic): blocks must agree byte for byte and weights bit for bit, on hand-made rows
 (an all-zero block, a constant block, exact halves) and on random rows drawn by
 hypothesis. The matmul is compared with x @ dequantize(blocks).T, and watched to widen
-slices, not the whole matrix; then it runs inside the engine's `QuantizedLinear`.
+slices, not the whole matrix; then it runs inside the engine's `QuantizedLinear`. A tiny
+random Llama, quantized layer by layer, must hold minserve's blocks for each weight.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minserve.kernels.cpu_ops import QUANT_BLOCK_BYTES
+from minserve.model.llama import CausalLM
 from minserve.model.quant_blocks import QuantCodec, dequantize, quantize
-from minserve.model.quantized_linear import QuantizedLinear
+from minserve.model.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from minserve.model_config import ModelConfig
 
 _SETTINGS = settings(
     max_examples=60, deadline=None, database=None, derandomize=True, report_multiple_bugs=False
@@ -235,6 +238,61 @@ def check_codec_runs_a_quantized_layer(impl: ModuleType) -> None:
         )
 
 
+def _tiny_model(tied: bool) -> CausalLM:
+    config = ModelConfig(
+        architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=96,
+        num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-6,
+        rope_theta=10_000.0, max_position_embeddings=64, tie_word_embeddings=tied,
+    )  # fmt: skip
+    torch.manual_seed(10)
+    return CausalLM(config).eval()
+
+
+def _assert_quantized_model(impl: ModuleType, tied: bool) -> None:
+    model = _tiny_model(tied)
+    linears = {
+        n: m.weight.detach().clone()
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    }
+    table = model.model.embed_tokens.weight.detach().clone()
+    count = impl.quantize_weights(model, "Q8_0", lambda rows: quantize(rows, "Q8_0"))
+    what = f"quantize_weights (a 2-layer Llama, {'tied' if tied else 'untied'} head)"
+    assert count == len(linears) + 1, (
+        f"{what}: expected {len(linears)} linear layers and 1 embedding replaced, "
+        f"got a count of {count}"
+    )
+    embedding = model.model.embed_tokens
+    assert isinstance(embedding, QuantizedEmbedding) and embedding.dtype == torch.float32, (
+        f"{what}: model.embed_tokens should be a float32 QuantizedEmbedding, got {embedding!r}"
+    )
+    assert torch.equal(embedding.blocks, quantize(table, "Q8_0")), (
+        f"{what}: the embedding's blocks are not quantize(its table)"
+    )
+    for name, weight in linears.items():
+        layer = model.get_submodule(name)
+        assert isinstance(layer, QuantizedLinear) and layer.quant == "Q8_0", (
+            f"{what}: {name} should be a Q8_0 QuantizedLinear, got {layer!r}"
+        )
+        assert torch.equal(layer.blocks, quantize(weight, "Q8_0")), (
+            f"{what}: {name}'s blocks are not quantize(its weight)"
+        )
+    if tied:
+        assert model.lm_head.blocks.data_ptr() == embedding.blocks.data_ptr(), (
+            f"{what}: the tied head should share the embedding's blocks, not hold a copy"
+        )
+
+
+def check_quantize_weights_replaces_every_layer(impl: ModuleType) -> None:
+    """Every linear layer and the embedding of a tiny untied Llama hold quantize(weight)."""
+    _assert_quantized_model(impl, tied=False)
+
+
+def check_quantize_weights_shares_a_tied_head(impl: ModuleType) -> None:
+    """A head tied to the embedding reads the embedding's blocks, quantized once."""
+    _assert_quantized_model(impl, tied=True)
+
+
 CHECKS: list[Callable[[ModuleType], None]] = [
     check_q8_0_quantize_matches_gguf,
     check_q8_0_dequantize_matches_gguf,
@@ -246,19 +304,29 @@ CHECKS: list[Callable[[ModuleType], None]] = [
     check_matmul_equals_widened_product,
     check_matmul_widens_slices_once,
     check_codec_runs_a_quantized_layer,
+    check_quantize_weights_replaces_every_layer,
+    check_quantize_weights_shares_a_tied_head,
 ]
 
 
-def passes_codec_checks(impl: ModuleType) -> bool:
-    """Whether `impl` passes every check above (the notebook falls back to the solutions
-    until it does)."""
+def passes_checks(impl: ModuleType, exercises: str = "10.1 10.2 10.3 10.4") -> bool:
+    """Whether `impl` passes the checks of those exercises (the notebook falls back to the
+    solutions until it does)."""
     try:
-        for check in CHECKS:
+        for check in (c for c in CHECKS if _EXERCISE_OF[c.__name__] in exercises.split()):
             check(impl)
     except Exception:  # noqa: BLE001  (a stub's NotImplementedError, a wrong answer...)
         return False
     return True
 
+
+_EXERCISE_OF = {
+    check.__name__: exercise
+    for exercise, checks in {
+        "10.1": CHECKS[:3], "10.2": CHECKS[3:7], "10.3": CHECKS[7:10], "10.4": CHECKS[10:]
+    }.items()
+    for check in checks
+}  # fmt: skip
 
 HINTS: dict[str, tuple[str, str, str]] = {
     "10.1": (
@@ -294,5 +362,17 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Block b's bytes are columns b * bytes_per_block to (b + 1) * bytes_per_block of "
         "`blocks`, and its weights columns b * 32 to (b + 1) * 32 of x; accumulate "
         "x_slice @ widen(bytes_slice, quant).T into the output.",
+    ),
+    "10.4": (
+        "Quantizing a model is quantizing each weight matrix it reads: every linear layer "
+        "and the embedding table become blocks, and the layers that read blocks take their "
+        "place in the module tree.",
+        "Quantize the embedding table first; walk the model's named modules (a list, since "
+        "you replace as you go); for an embedding or a linear, build its quantized form and "
+        "set it on the parent module under the same attribute name; a head whose weight is "
+        "the table reuses the table's blocks. Count what you replaced.",
+        "name.rpartition('.') gives the parent's name and the attribute; "
+        "model.get_submodule(parent) the parent ('' is the model itself); "
+        "QuantizedLinear(blocks, quant, layer.bias), QuantizedEmbedding(blocks, quant, dtype).",
     ),
 }
