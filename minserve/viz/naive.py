@@ -49,10 +49,12 @@ def measure_memory_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> 
     return data.numel() * data.element_size() / best
 
 
-def measure_matmul_flops(size: int = 1024, repeats: int = 5) -> float:
-    """Floating-point operations per second of an fp32 [size, size] @ [size, size] matmul
-    (2 * size^3 of them): the roofline's compute ceiling, best of `repeats`."""
-    a = torch.randn(size, size)  # [size, size]
+def measure_matmul_flops(
+    size: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32
+) -> float:
+    """Floating-point operations per second of a [size, size] @ [size, size] matmul in
+    `dtype` (2 * size^3 of them): the roofline's compute ceiling, best of `repeats`."""
+    a = torch.randn(size, size).to(dtype)  # [size, size]
     a @ a  # warm up
     best = min(seconds(lambda: a @ a) for _ in range(repeats))
     return 2 * size**3 / best
