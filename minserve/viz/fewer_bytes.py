@@ -30,9 +30,9 @@ FLOAT_FORMATS = (
 )
 # (name, [(field, bytes)]) of GGUF's blocks of 32 weights
 BLOCK_LAYOUTS = (
-    ("Q8_0", [("d fp16", 2), ("q0..q31 int8", 32)]),
-    ("Q4_0", [("d fp16", 2), ("byte j: q_j | q_(j+16) << 4", 16)]),
-    ("Q4_1", [("d fp16", 2), ("m fp16", 2), ("byte j: q_j | q_(j+16) << 4", 16)]),
+    ("Q8_0", [("d", 2), ("q_0 .. q_31, int8", 32)]),
+    ("Q4_0", [("d", 2), ("byte j: q_j | q_(j+16) << 4", 16)]),
+    ("Q4_1", [("d", 2), ("m", 2), ("byte j: q_j | q_(j+16) << 4", 16)]),
 )
 _FIELD_COLOURS = {"sign": "tab:red", "exponent": "tab:blue", "mantissa": "tab:green"}
 
@@ -51,7 +51,8 @@ def plot_roofline(
     ax = fig.subplots()
     xs = torch.logspace(-1, 3, 200)
     top = max(ceilings.values())
-    ax.loglog(xs, torch.clamp(xs * bandwidth, max=top), color="black", label="roofline")
+    roof = torch.clamp(xs * bandwidth, max=top)  # [200] attainable FLOP/s
+    ax.loglog(xs, roof, color="black", label="bandwidth x intensity")
     for (name, flops), style in zip(ceilings.items(), ("-", "--", ":")):
         ax.axhline(flops, color="grey", linestyle=style, linewidth=1, label=f"{name} matmul")
     for name, (intensity, flops) in points.items():
@@ -66,19 +67,19 @@ def plot_roofline(
 
 def plot_formats() -> Figure:
     """Left: the bit layouts of fp32, bf16, fp16 and the two fp8s; right: GGUF's blocks."""
-    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    fig = Figure(figsize=(12, 3.6), layout="constrained")
     bits_ax, blocks_ax = fig.subplots(1, 2, width_ratios=(1.1, 1))
     for row, (_, *widths) in enumerate(FLOAT_FORMATS):
         start = 0
         for field, width in zip(_FIELD_COLOURS, widths):
             bits_ax.barh(row, width, left=start, color=_FIELD_COLOURS[field], edgecolor="white")
-            if width > 2:
+            if width >= 2:
                 bits_ax.text(start + width / 2, row, str(width), ha="center", va="center")
             start += width
     bits_ax.set_yticks(range(len(FLOAT_FORMATS)), [f[0] for f in FLOAT_FORMATS])
     bits_ax.invert_yaxis()
     bits_ax.set_xlabel("bits (red: sign, blue: exponent, green: mantissa)")
-    bits_ax.set_title("Floating point: range from the exponent, precision from the mantissa")
+    bits_ax.set_title("Floats: the exponent sets the range, the mantissa the precision")
     for row, (_, fields) in enumerate(BLOCK_LAYOUTS):
         start = 0
         for i, (field, size) in enumerate(fields):
@@ -92,8 +93,8 @@ def plot_formats() -> Figure:
     blocks_ax.set_yticks(range(len(BLOCK_LAYOUTS)), [b[0] for b in BLOCK_LAYOUTS])
     blocks_ax.invert_yaxis()
     blocks_ax.set_xlim(0, 50)
-    blocks_ax.set_xlabel("bytes of one block of 32 weights")
-    blocks_ax.set_title("GGUF blocks: scales in fp16, weights as small integers")
+    blocks_ax.set_xlabel("bytes of one block of 32 weights (orange: fp16 scale d, offset m)")
+    blocks_ax.set_title("GGUF blocks: fp16 scales, small integers")
     return fig
 
 
