@@ -23,6 +23,8 @@ from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.ops import MODEL_OPS, ModelOps
+from minserve.model.quant_blocks import QuantCodec
+from minserve.model.quantized_linear import use_quant_codec
 from minserve.model.sampler import Sampler
 from minserve.model.tokenizer import Tokenizer
 from minserve.output_processor import OutputProcessor, SampleOutput, check_stop_matcher_cls
@@ -79,6 +81,9 @@ class LLM:
     quantization="gguf" keeps a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as stored and
     widens them where they are used (vLLM's spelling; docs/engine.md, "Quantized weights");
     quantization="int8" stores every weight matrix as int8 with a scale per output channel.
+    quant_codec=QuantCodec.from_module(module) makes those layers widen their blocks with that
+    module's dequantize functions and multiply with its `dequantize_matmul` (chapter 10), set
+    on the loaded model like model_ops.
     stop_matcher_cls cuts each sample's text at its stop strings, as
     `minserve.stop_strings.StopStringMatcher` (chapter 09: `LLM(stop_matcher_cls=...)`).
     """
@@ -119,6 +124,7 @@ class LLM:
         speculative_config: dict[str, Any] | None = None,
         decode_kernels: DecodeKernels | None = None,
         quantization: str | None = None,
+        quant_codec: QuantCodec | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -157,6 +163,10 @@ class LLM:
         if model_ops is not None and tensor_parallel_size != 1:
             raise ValueError("model_ops runs in one process; leave tensor_parallel_size at 1")
         self.loaded.model.use_ops(model_ops or MODEL_OPS)
+        if use_quant_codec(self.loaded.model, quant_codec) == 0 and quant_codec is not None:
+            raise ValueError(
+                'quant_codec widens GGUF blocks; load a .gguf model with quantization="gguf"'
+            )
         attend = model_ops.attend if model_ops is not None else None
         self.sampler = sampler or Sampler()
         rules = _scheduling_rules(chunk_rule, preemption_rule, engine)

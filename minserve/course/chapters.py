@@ -373,6 +373,40 @@ CHAPTERS: tuple[Chapter, ...] = (
         ),
         checks="minserve.course.checks_ch09",
     ),
+    Chapter(
+        number="10",
+        slug="fewer_bytes",
+        title="Fewer bytes",
+        module="ch10_quant_blocks",
+        sources=("model/quant_blocks.py", "model/quantize_model.py"),
+        header=(
+            '"""Chapter 10, Fewer bytes: GGUF\'s block formats, both ways, and the matmul that\n'
+            "widens them a slice at a time.\n\n"
+            "10.1 is Q8_0 (an fp16 scale and 32 int8 a block), 10.2 the 4-bit Q4_0 and Q4_1\n"
+            "(two weights a byte: q_j low, q_(j+16) high), each checked byte for byte against\n"
+            "the `gguf` package; 10.3 multiplies by a blocked weight without widening all of it.\n"
+            'Plug them into the engine with `LLM(model=<gguf file>, quantization="gguf",\n'
+            "quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens\n"
+            "its blocks with your dequantize functions and multiplies with your matmul. 10.4\n"
+            "quantizes a loaded fp32 model's layers with your quantize functions: serve it with\n"
+            "`LLM(model=loaded, quant_codec=...)`.\n"
+            '"""\n\n'
+            "import torch\n"
+            "from torch import nn\n\n"
+            "from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES\n"
+            "from minserve.model.quant_blocks import QuantCodec  # noqa: F401\n"
+            "from minserve.model.quant_blocks import (  # noqa: F401  (your code will want them)\n"
+            "    Widen,\n"
+            "    as_blocks,\n"
+            "    block_bytes,\n"
+            "    half,\n"
+            "    half_bytes,\n"
+            ")\n"
+            "from minserve.model.quant_blocks import Quantize\n"
+            "from minserve.model.quantized_linear import QuantizedEmbedding, QuantizedLinear\n"
+        ),
+        checks="minserve.course.checks_ch10",
+    ),
 )
 
 

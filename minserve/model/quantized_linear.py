@@ -12,9 +12,12 @@ vLLM's `quantization="gguf"`). `LLM(model="file.gguf", quantization="gguf")` bui
   Triton kernel that widens the blocks inside the matrix product (`triton_quant.py`).
 - `QuantizedEmbedding`: looks up the blocks of the step's token ids and widens just those.
 
-`dequantize` is the reference: the `gguf` package's arithmetic (fp16 scale times integer,
-plus offset, in fp32), so a quantized model and the same file dequantized at load compute
-with the same weights (`tests/test_quantized_model.py`).
+`dequantize` (`quant_blocks.py`) is the reference: the `gguf` package's arithmetic (fp16
+scale times integer, plus offset, in fp32), so a quantized model and the same file
+dequantized at load compute with the same weights (`tests/test_quantized_model.py`).
+`use_quant_codec` hands every quantized layer a `QuantCodec` (chapter 10's exercises):
+then its lookups widen with the codec's dequantize and all its rows go through the codec's
+dequantizing matmul, in torch.
 """
 
 from __future__ import annotations
@@ -26,30 +29,11 @@ import torch.nn.functional as F
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
 from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
+from minserve.model.quant_blocks import QuantCodec, dequantize
 from minserve.model.triton_quant import quant_matmul
 
 QUANTS = tuple(QUANT_BLOCK_BYTES)  # ("Q8_0", "Q4_0", "Q4_1"): the formats kept as stored
 KERNEL_ROWS = 16  # up to this many rows the C kernel reads the blocks; more widen them once
-
-
-def dequantize(blocks: torch.Tensor, quant: str) -> torch.Tensor:
-    """Blocks uint8 [rows, row bytes] -> weights fp32 [rows, row bytes / block bytes * 32]."""
-    rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, QUANT_BLOCK_BYTES[quant])  # [rows, blocks, block bytes]
-    scale = _half(b[..., 0:2])  # [rows, blocks, 1]
-    if quant == "Q8_0":
-        q = b[..., 2:].contiguous().view(torch.int8).float()  # [rows, blocks, 32]
-        return (q * scale).reshape(rows, -1)
-    nibbles = b[..., 4:] if quant == "Q4_1" else b[..., 2:]  # [rows, blocks, 16]
-    q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1).float()  # byte j: q_j, q_(j+16)
-    if quant == "Q4_0":
-        return ((q - 8.0) * scale).reshape(rows, -1)
-    return (q * scale + _half(b[..., 2:4])).reshape(rows, -1)
-
-
-def _half(pair: torch.Tensor) -> torch.Tensor:
-    """Two bytes per entry [..., 2] (an fp16, little-endian) -> fp32 [..., 1]."""
-    return pair.contiguous().view(torch.float16).float()
 
 
 def check_quant(quant: str, in_features: int) -> None:
@@ -72,11 +56,15 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
+        self.codec: QuantCodec | None = None  # `use_quant_codec`: a codec's arithmetic instead
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [N, in]
         bias = None if self.bias is None else self.bias.float()
-        if rows.shape[0] <= KERNEL_ROWS and self.c_kernels and _kernel_applies(rows):
+        if self.codec is not None:
+            out = self.codec.linear(rows.float(), self.blocks, self.quant)  # [N, out] fp32
+            out = out if bias is None else out + bias
+        elif rows.shape[0] <= KERNEL_ROWS and self.c_kernels and _kernel_applies(rows):
             out = cpu_ops.quant_rows(rows, self.blocks, self.quant)  # [N, out] fp32
             out = out if bias is None else out + bias
         elif rows.is_cuda:  # a GPU: the blocks widened inside Triton's matrix product
@@ -116,9 +104,11 @@ class QuantizedEmbedding(nn.Module):
         self.num_embeddings = blocks.shape[0]
         check_quant(quant, blocks.shape[1] // QUANT_BLOCK_BYTES[quant] * QUANT_BLOCK)
         self.register_buffer("blocks", blocks.contiguous())
+        self.codec: QuantCodec | None = None  # `use_quant_codec`: a codec's dequantize instead
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = dequantize(self.blocks[ids.reshape(-1)], self.quant)  # [T, hidden] fp32
+        widen = dequantize if self.codec is None else self.codec.dequantize
+        rows = widen(self.blocks[ids.reshape(-1)], self.quant)  # [T, hidden] fp32
         return rows.to(self.dtype).view(*ids.shape, -1)
 
 
@@ -154,3 +144,12 @@ def use_quantized_blocks(
                 model.lm_head = QuantizedLinear(blocks, quant, None)
         elif isinstance(child, nn.Linear):
             setattr(parent, attr, QuantizedLinear(blocks, quant, child.bias))
+
+
+def use_quant_codec(model: nn.Module, codec: QuantCodec | None) -> int:
+    """Give every quantized layer of `model` `codec` (None: minserve's own paths); returns
+    how many layers took it."""
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)]
+    for layer in layers:
+        layer.codec = codec
+    return len(layers)

@@ -1,0 +1,122 @@
+# Your workspace for chapter 10 (Fewer bytes): this file is yours
+# to edit. Replace each `raise NotImplementedError(...)` with your code, then run
+# `minserve check 10` from the repository root.
+# Generated from minserve/model/quant_blocks.py, minserve/model/quantize_model.py by `python -m minserve.course.generate`.
+# stub fingerprint: 1bba17e7ccfe (lets the generator tell your edits from a stale stub)
+"""Chapter 10, Fewer bytes: GGUF's block formats, both ways, and the matmul that
+widens them a slice at a time.
+
+10.1 is Q8_0 (an fp16 scale and 32 int8 a block), 10.2 the 4-bit Q4_0 and Q4_1
+(two weights a byte: q_j low, q_(j+16) high), each checked byte for byte against
+the `gguf` package; 10.3 multiplies by a blocked weight without widening all of it.
+Plug them into the engine with `LLM(model=<gguf file>, quantization="gguf",
+quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens
+its blocks with your dequantize functions and multiplies with your matmul. 10.4
+quantizes a loaded fp32 model's layers with your quantize functions: serve it with
+`LLM(model=loaded, quant_codec=...)`.
+"""
+
+import torch
+from torch import nn
+
+from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
+from minserve.model.quant_blocks import QuantCodec  # noqa: F401
+from minserve.model.quant_blocks import (  # noqa: F401  (your code will want them)
+    Widen,
+    as_blocks,
+    block_bytes,
+    half,
+    half_bytes,
+)
+from minserve.model.quant_blocks import Quantize
+from minserve.model.quantized_linear import QuantizedEmbedding, QuantizedLinear
+
+
+# Exercise 10.1: Q8_0 blocks
+def round_half_away(v: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest integer, halves away from zero (C's `roundf`; torch.round
+    rounds halves to even), computed as the `gguf` package does so that it agrees bit for
+    bit: floor(|v|), plus one when the fraction doubled reaches 1."""
+    raise NotImplementedError("Exercise 10.1: Q8_0 blocks")
+
+
+def quantize_q8_0(rows: torch.Tensor) -> torch.Tensor:
+    """Rows fp32 [rows, in] -> Q8_0 blocks uint8 [rows, in / 32 * 34].
+
+    Per block of 32: d = absmax / 127 (fp32), q = round_half_away(w * (1 / d)) as int8 (an
+    all-zero block has d = 0 and q = 0); store d as fp16 (2 bytes), then the 32 q's.
+    """
+    raise NotImplementedError("Exercise 10.1: Q8_0 blocks")
+
+
+def dequantize_q8_0(blocks: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks uint8 [rows, row bytes] -> weights fp32 [rows, row bytes / 34 * 32]:
+    w = q * d, in fp32."""
+    raise NotImplementedError("Exercise 10.1: Q8_0 blocks")
+
+
+# Exercise 10.2: Q4_0 and Q4_1 blocks
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """Integers 0..15 [..., 32] -> bytes uint8 [..., 16]: byte j holds q_j in its low
+    nibble and q_(j+16) in its high one (GGUF's order, not q_(2j) and q_(2j+1))."""
+    raise NotImplementedError("Exercise 10.2: Q4_0 and Q4_1 blocks")
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Bytes uint8 [..., 16] -> integers 0..15 as fp32 [..., 32], undoing `pack_nibbles`."""
+    raise NotImplementedError("Exercise 10.2: Q4_0 and Q4_1 blocks")
+
+
+def quantize_q4_0(rows: torch.Tensor) -> torch.Tensor:
+    """Rows fp32 [rows, in] -> Q4_0 blocks uint8 [rows, in / 32 * 18].
+
+    Per block: the weight of largest magnitude (the first one, on a tie), with its sign,
+    divided by -8 is d (fp32); q = trunc(w * (1 / d) + 8.5) clipped to 0..15 (d = 0 gives
+    q = 8); store d as fp16, then the q's packed two a byte.
+    """
+    raise NotImplementedError("Exercise 10.2: Q4_0 and Q4_1 blocks")
+
+
+def dequantize_q4_0(blocks: torch.Tensor) -> torch.Tensor:
+    """Q4_0 blocks uint8 [rows, row bytes] -> weights fp32 [rows, row bytes / 18 * 32]:
+    w = (q - 8) * d."""
+    raise NotImplementedError("Exercise 10.2: Q4_0 and Q4_1 blocks")
+
+
+def quantize_q4_1(rows: torch.Tensor) -> torch.Tensor:
+    """Rows fp32 [rows, in] -> Q4_1 blocks uint8 [rows, in / 32 * 20].
+
+    Per block: d = (max - min) / 15 and m = min (fp32); q = trunc((w - m) * (1 / d) + 0.5)
+    clipped to 0..15 (d = 0 gives q = 0); store d and m as fp16, then the q's packed.
+    """
+    raise NotImplementedError("Exercise 10.2: Q4_0 and Q4_1 blocks")
+
+
+def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
+    """Q4_1 blocks uint8 [rows, row bytes] -> weights fp32 [rows, row bytes / 20 * 32]:
+    w = q * d + m, in fp32 (the fp16 m, not the exact minimum)."""
+    raise NotImplementedError("Exercise 10.2: Q4_0 and Q4_1 blocks")
+
+
+# Exercise 10.3: the dequantizing matmul
+def dequantize_matmul(
+    x: torch.Tensor, blocks: torch.Tensor, quant: str, widen: Widen, step: int = 8
+) -> torch.Tensor:
+    """x fp32 [N, in] times the blocked weight [out, in] transposed -> fp32 [N, out], the
+    weight widened `step` blocks of columns at a time (`widen(blocks slice, quant)` gives
+    fp32 [out, step * 32]), never all at once: each slice of x meets its slice of weights
+    and the partial products add up. Equal to x @ widen(blocks, quant).T, up to the order
+    of the additions.
+    """
+    raise NotImplementedError("Exercise 10.3: the dequantizing matmul")
+
+
+# Exercise 10.4: quantize a model
+def quantize_weights(model: nn.Module, quant: str, quantize: Quantize) -> int:
+    """Replace every `nn.Linear` and `nn.Embedding` of `model` (a plain fp32 one) by its
+    quantized form holding `quantize(weight)`, blocks uint8 [rows, row bytes] of format
+    `quant`; the embedding keeps its dtype for what it returns. A head tied to the
+    embedding (`model.lm_head.weight is` the table) becomes a `QuantizedLinear` over the
+    embedding's blocks, quantized once. Returns how many layers were replaced.
+    """
+    raise NotImplementedError("Exercise 10.4: quantize a model")
