@@ -30,7 +30,7 @@ from minserve.bench.offline import OfflineResult, offline_workload
 BURNER = "while True:\n    pass\n"  # one core's worth of someone else's work
 PEERS = ("minserve", "hf16")
 # Hugging Face as it runs without minserve: libgomp's default wait (300000 spins, then sleep)
-# rather than the passive waits minserve's import sets (`minserve/openmp_env.py`)
+# rather than the short spins minserve's import sets (`minserve/openmp_env.py`)
 PEER_ENV = {"hf16": {"GOMP_SPINCOUNT": "300000"}, "hf64": {"GOMP_SPINCOUNT": "300000"}}
 
 
@@ -90,14 +90,16 @@ def measure(settings: SuiteSettings, burners: int) -> list[ContentionRow]:
     return rows
 
 
-def markdown(rows: list[ContentionRow], command: str, machine: dict, burners: int) -> str:
+def markdown(
+    rows: list[ContentionRow], command: str, machine: dict, burners: int, num_requests: int
+) -> str:
     lines = [
         "# Throughput with a busy core beside it",
         "",
         f"- command: `{command}`",
         f"- date: {datetime.now(UTC).date()}; machine: {machine.get('cpu', '?')}, "
         f"{machine.get('cores', '?')} cores; burners: {burners} spinning process(es)",
-        "- workload: 32 requests, random token ids, prompt and output lengths uniform in "
+        f"- workload: {num_requests} requests, random token ids, prompt and output lengths uniform in "
         "[32, 256], greedy, ignore_eos; each run in its own process",
         "",
         "| peer | dtype | quiet tok/s | busy tok/s | slowdown |",
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": [{**asdict(r), "slowdown": round(r.slowdown, 2)} for r in rows],
     }
     args.output.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    table = markdown(rows, command.strip(), machine, args.burners)
+    table = markdown(rows, command.strip(), machine, args.burners, args.num_requests)
     args.output.with_suffix(".md").write_text(table)
     print(table)
     return 0

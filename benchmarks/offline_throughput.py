@@ -111,7 +111,7 @@ def run_one(
     command, peer_env = peer_command(peer, dtype, workload, result_path, settings)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **peer_env}
     if not openmp_env.USER_CHOICE:  # each peer makes its own (minserve's import sets it)
-        env.pop(openmp_env.WAIT_POLICY, None)
+        env.pop(openmp_env.SPIN_COUNT, None)
     env.update(extra_env or {})
     load_start = wait_for_quiet(settings.max_load, settings.max_wait_s)
     with log_path.open("w") as log:

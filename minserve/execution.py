@@ -63,7 +63,7 @@ class ExecutionConfig:
     c_kernels_missing: str | None = None  # why they are off although switched on
     device_why: str = ""  # why this device: "auto: no CUDA device is usable: ..."
     quantization: str = "none"  # "gguf(Q4_1:210,Q8_0:1; weights 97.1 MiB)": kept as stored
-    openmp_waits: str = "passive"  # how OpenMP threads wait between regions (openmp_env.py)
+    openmp_waits: str = "spin(10000)-then-sleep"  # how OpenMP threads wait (openmp_env.py)
     kv_cache_dtype: str = "auto"  # canonical name: "fp8" is recorded as "fp8_e4m3"
 
     def with_attention(self, name: str) -> ExecutionConfig:

@@ -163,7 +163,7 @@ def test_the_summary_names_every_choice_on_one_line() -> None:
     assert config.summary() == (
         "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on "
         "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on quantization=none "
-        "openmp_waits=passive kv_cache=float32 kernel_cache=/k"
+        "openmp_waits=spin(10000)-then-sleep kv_cache=float32 kernel_cache=/k"
     )
     fixed = cpu(MINSERVE_KERNEL_ROWS="8", MINSERVE_GREEDY_SCREEN="0").summary()
     assert "linear_rows=8 greedy_screen=off" in fixed
@@ -258,20 +258,22 @@ def test_the_models_switch_reaches_every_layer(tiny_model, monkeypatch) -> None:
 
 WAITS = (
     "import os, sys; {first}from minserve.openmp_env import openmp_waits; "
-    "print(os.environ.get('OMP_WAIT_POLICY'), openmp_waits())"
+    "print(os.environ.get('GOMP_SPINCOUNT'), openmp_waits())"
 )
 
 
 @pytest.mark.parametrize(
     ("first", "env", "expected"),
     [
-        ("", {}, "PASSIVE passive"),  # nobody chose: threads sleep
-        ("", {"OMP_WAIT_POLICY": "active"}, "active OMP_WAIT_POLICY=active"),
-        ("", {"GOMP_SPINCOUNT": "1000"}, "None GOMP_SPINCOUNT=1000"),
-        ("import torch; ", {}, "PASSIVE spin(torch was imported before minserve"),
+        ("", {}, "10000 spin(10000)-then-sleep"),  # nobody chose: a short spin
+        ("", {"OMP_WAIT_POLICY": "active"}, "None OMP_WAIT_POLICY=active"),
+        ("", {"GOMP_SPINCOUNT": "1000"}, "1000 GOMP_SPINCOUNT=1000"),
+        ("import torch; ", {}, "10000 spin(torch was imported before minserve"),
     ],
 )
-def test_openmp_threads_sleep_unless_someone_chose(first: str, env: dict, expected: str) -> None:
+def test_openmp_threads_spin_briefly_unless_someone_chose(
+    first: str, env: dict, expected: str
+) -> None:
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     code = WAITS.format(first=first)
     run = subprocess.run(
