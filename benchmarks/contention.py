@@ -99,8 +99,8 @@ def markdown(
         f"- command: `{command}`",
         f"- date: {datetime.now(UTC).date()}; machine: {machine.get('cpu', '?')}, "
         f"{machine.get('cores', '?')} cores; burners: {burners} spinning process(es)",
-        f"- workload: {num_requests} requests, random token ids, prompt and output lengths uniform in "
-        "[32, 256], greedy, ignore_eos; each run in its own process",
+        f"- workload: {num_requests} requests, random token ids, prompt and output lengths "
+        "uniform in [32, 256], greedy, ignore_eos; each run in its own process",
         "",
         "| peer | dtype | quiet tok/s | busy tok/s | slowdown |",
         "|---|---|---:|---:|---:|",
