@@ -118,10 +118,9 @@ QUANT_BLOCK = 32  # weights per GGUF block
 QUANT_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # the block formats `quant_rows.c` reads
 
 
-def quant_rows(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tensor:
-    """A few rows through a GGUF-quantized linear layer, read as stored: x [N, in] fp32,
-    blocks uint8 [out, in / 32 * block bytes] (each weight row's blocks, as in the file) ->
-    [N, out] fp32, the sums of the dequantized weights (`quant_rows.c`)."""
+def check_blocks_hold(blocks: torch.Tensor, quant: str, x: torch.Tensor) -> tuple[int, int]:
+    """(out, in) features of a layer stored as `quant` blocks uint8 [out, row bytes], checked
+    against x [N, in]."""
     out_features, row_bytes = blocks.shape
     in_features = row_bytes // QUANT_BLOCK_BYTES[quant] * QUANT_BLOCK
     if x.shape[-1] != in_features or blocks.dtype != torch.uint8:
@@ -129,6 +128,14 @@ def quant_rows(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tenso
             f"{quant} blocks of {tuple(blocks.shape)} ({blocks.dtype}) hold rows of "
             f"{in_features} weights; x has {x.shape[-1]} features"
         )
+    return out_features, in_features
+
+
+def quant_rows(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tensor:
+    """A few rows through a GGUF-quantized linear layer, read as stored: x [N, in] fp32,
+    blocks uint8 [out, in / 32 * block bytes] (each weight row's blocks, as in the file) ->
+    [N, out] fp32, the sums of the dequantized weights (`quant_rows.c`)."""
+    out_features, in_features = check_blocks_hold(blocks, quant, x)
     x = x.to(torch.float32).contiguous()
     out = torch.empty((x.shape[0], out_features), dtype=torch.float32)
     kernel = getattr(cpu_kernels(), f"quant_rows_{quant.lower()}")

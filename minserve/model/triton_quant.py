@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from minserve.attention import triton_env
-from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
+from minserve.kernels.cpu_ops import QUANT_BLOCK_BYTES, check_blocks_hold
 
 QUANT_IDS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
 BLOCK_M, BLOCK_N = 16, 32  # a tile of out; tl.dot needs at least 16 on each side
@@ -74,13 +74,8 @@ def quant_matmul_kernel(
 
 def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tensor:
     """x [M, K] (any float dtype) . dequantize(blocks, quant)^T -> [M, N] fp32, in Triton."""
-    out_features, row_bytes = blocks.shape
-    in_features = row_bytes // QUANT_BLOCK_BYTES[quant] * QUANT_BLOCK
-    if x.shape[-1] != in_features or blocks.dtype != torch.uint8:
-        raise ValueError(
-            f"{quant} blocks of {tuple(blocks.shape)} ({blocks.dtype}) hold rows of "
-            f"{in_features} weights; x has {x.shape[-1]} features"
-        )
+    out_features, in_features = check_blocks_hold(blocks, quant, x)
+    row_bytes = blocks.shape[1]
     x = x.to(torch.float32).contiguous()
     blocks = blocks.contiguous()
     triton_env.check_kernel_device(x, blocks)
