@@ -47,6 +47,6 @@ def test_a_capped_max_model_len_is_said(tiny_model, caplog) -> None:
         llm = LLM(tiny_model("llama"), num_blocks=4, block_size=4)
     assert llm.max_model_len == 16
     said = [r.getMessage() for r in caplog.records]
-    assert "KV pool: 4 blocks of 4 tokens = 16 tokens, 0.00 GiB" in said
+    assert "KV pool: 4 blocks of 4 tokens = 16 tokens, 0.00 GiB, stored as float32" in said
     assert any(m.startswith("max_model_len 16: capped by the KV pool's size") for m in said)
     assert torch.device("cpu") == next(llm.loaded.model.parameters()).device
