@@ -93,6 +93,13 @@ def test_echo_of_token_ids_decodes_them(url: str, oracle: LLM) -> None:
     assert choice["text"] == oracle.get_tokenizer().decode(ids, skip_special_tokens=False)
 
 
+def test_max_tokens_0_without_echo_is_an_empty_completion(url: str) -> None:
+    body = complete(url, max_tokens=0, logprobs=1)
+    [choice] = body["choices"]
+    assert choice["text"] == "" and choice["logprobs"]["tokens"] == []
+    assert body["usage"]["completion_tokens"] == 0 and body["usage"]["prompt_tokens"] > 0
+
+
 def test_streamed_echo_sends_the_prompt_first(url: str, oracle: LLM) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "temperature": 0, "ignore_eos": True,
             "max_tokens": 5, "echo": True, "stream": True}  # fmt: skip

@@ -136,7 +136,7 @@ class _SamplingRequest(_Strict):
 
     @property
     def prompt_only(self) -> bool:
-        """Echo with max_tokens 0: the prompt alone, the engine's one token dropped."""
+        """max_tokens 0: no generated text (the engine's one token dropped)."""
         return False
 
     def _sampling_params(
@@ -169,7 +169,7 @@ class CompletionRequest(_SamplingRequest):
     """POST /v1/completions: one prompt or a batch (text or token ids)."""
 
     prompt: Prompt
-    max_tokens: Int64 | None = Field(16, json_schema_extra=bounds(ge=0))  # 0: with echo only
+    max_tokens: Int64 | None = Field(16, json_schema_extra=bounds(ge=0))  # 0: prompt only
     logprobs: integer(0, MAX_LOGPROBS) | None = None
     echo: bool = False
 
@@ -179,13 +179,12 @@ class CompletionRequest(_SamplingRequest):
 
     @property
     def prompt_only(self) -> bool:
-        return self.echo and self.max_tokens == 0
+        return self.max_tokens == 0
 
     def sampling_params(self) -> SamplingParams:
         """With echo and logprobs, the prompt's tokens are scored too (prompt_logprobs).
-        max_tokens 0 (echo only, as vLLM) runs one token that the response leaves out."""
-        if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens must be at least 1, got 0 (0 needs echo: true)")
+        max_tokens 0 runs one token that the response leaves out: with echo, the prompt
+        alone (lm-eval's loglikelihood requests); without, an empty completion."""
         max_tokens = 1 if self.prompt_only else self.max_tokens
         prompt_logprobs = self.logprobs if self.echo else None
         return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs)

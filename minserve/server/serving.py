@@ -161,7 +161,7 @@ async def _drain(
     stream: RequestStream, outputs: dict[int, RequestOutput], prompt_only: bool
 ) -> None:
     """Add up every prompt's deltas into `outputs` (prompt index -> whole output);
-    `prompt_only`: without the generated tokens (echo with max_tokens 0)."""
+    `prompt_only`: without the generated tokens (max_tokens 0)."""
     whole = OutputAccumulator()
     try:
         async for prompt_index, delta in stream:
