@@ -12,7 +12,8 @@
  *
  * Each block is widened to 32 fp32 weights, exactly the values the `gguf` package's
  * dequantize gives (the same fp32 products and sums, no fused multiply-add), then multiplied
- * with up to four rows of x at once. The sums are the dequantized layer's, in another order.
+ * with up to four rows of x at once and added with fused multiply-adds: the sums are the
+ * dequantized layer's, in another order and with one rounding less per product.
  */
 
 #include <stdint.h>
@@ -23,13 +24,10 @@
 
 #include "vec16.h"
 
-enum { BLOCK = 32, XS = 4 };
+enum { BLOCK = 32, ROWS = 4, XS = 4 };
 /* I8_ROW: a row of plain int8 weights, one fp32 scale per row applied after the sums
  * (weight-only int8 with a scale per output channel, `int8_linear.py`). */
 typedef enum { Q8_0, Q4_0, Q4_1, I8_ROW } Quant;
-typedef int8_t i8x16 __attribute__((vector_size(16)));
-typedef uint8_t u8x16 __attribute__((vector_size(16)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 /* Bytes of one block of 32 weights. */
 ALWAYS_INLINE int64_t block_bytes(Quant t) {
@@ -74,19 +72,14 @@ ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
     if (t == I8_ROW || t == Q8_0) {
         const int64_t at = t == I8_ROW ? 0 : 2;
         const float d = t == I8_ROW ? 1.0f : half_at(block); /* its scale: after the sums */
-        i8x16 lo, hi;
-        memcpy(&lo, block + at, sizeof lo);
-        memcpy(&hi, block + at + 16, sizeof hi);
-        w[0] = __builtin_convertvector(__builtin_convertvector(lo, i32x16), f32x16) * d;
-        w[1] = __builtin_convertvector(__builtin_convertvector(hi, i32x16), f32x16) * d;
+        w[0] = int8x16_as_float(block + at) * d;
+        w[1] = int8x16_as_float(block + at + 16) * d;
         return;
     }
     const float d = half_at(block);
-    u8x16 nibbles;
-    memcpy(&nibbles, block + (t == Q4_1 ? 4 : 2), sizeof nibbles);
-    const u8x16 low_bits = nibbles & 0x0f, high_bits = nibbles >> 4;
-    const f32x16 low = __builtin_convertvector(__builtin_convertvector(low_bits, i32x16), f32x16);
-    const f32x16 high = __builtin_convertvector(__builtin_convertvector(high_bits, i32x16), f32x16);
+    const u32x16 nibbles = bytes16(block + (t == Q4_1 ? 4 : 2)); /* a byte in each lane */
+    const f32x16 low = __builtin_convertvector((i32x16)(nibbles & 0x0fu), f32x16);
+    const f32x16 high = __builtin_convertvector((i32x16)(nibbles >> 4), f32x16);
     if (t == Q4_0) {
         w[0] = (low - 8.0f) * d;
         w[1] = (high - 8.0f) * d;
@@ -97,35 +90,61 @@ ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
     }
 }
 
-/* nx <= XS rows of x (k apart) against weight row `row` (k / 32 blocks): out[j * n]. */
-ALWAYS_INLINE void row_dot(const uint8_t *restrict row, const float *restrict x, int nx,
-                           int64_t k, float *restrict out, int64_t n, Quant t) {
-    f32x16 sums[XS];
-    for (int j = 0; j < nx; j++) sums[j] = (f32x16){0};
+/* ROWS weight rows (`row`, `row_bytes` apart) against nx <= XS rows of x (k apart):
+ * out[j * n + i] is row j of x against weight row i. Each block is widened once and used
+ * for every row of x; the ROWS x nx sums are independent chains of fused multiply-adds, so
+ * one row's latency hides behind the others'. Inlined with nr and nx constants, so the sums
+ * stay in registers (16 of AVX-512's 32 at most). */
+ALWAYS_INLINE void tile(const uint8_t *restrict row, int64_t row_bytes, int nr,
+                        const float *restrict x, int nx, int64_t k, float *restrict out,
+                        int64_t n, Quant t) {
+    f32x16 sums[ROWS][XS];
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nx; j++) sums[i][j] = (f32x16){0};
     const int64_t bytes = block_bytes(t);
     for (int64_t b = 0; b < k / BLOCK; b++) {
-        f32x16 w[2];
-        widen_block(w, row + b * bytes, t);
-        for (int j = 0; j < nx; j++) {
-            const float *xb = x + j * k + b * BLOCK;
-            sums[j] += w[0] * load16(xb) + w[1] * load16(xb + LANES);
+        for (int i = 0; i < nr; i++) {
+            f32x16 w[2];
+            widen_block(w, row + i * row_bytes + b * bytes, t);
+            for (int j = 0; j < nx; j++) {
+                const float *xb = x + j * k + b * BLOCK;
+                sums[i][j] = fma16(w[0], load16(xb), sums[i][j]);
+                sums[i][j] = fma16(w[1], load16(xb + LANES), sums[i][j]);
+            }
         }
     }
-    for (int j = 0; j < nx; j++) out[j * n] = lane_sum(sums[j]);
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nx; j++) out[j * n + i] = lane_sum(sums[i][j]);
 }
 
-/* Every row of x against weight row r. */
-ALWAYS_INLINE void weight_row(float *out, const float *x, const uint8_t *w, int64_t m,
-                              int64_t n, int64_t k, int64_t r, Quant t) {
-    const uint8_t *row = w + r * (k / BLOCK) * block_bytes(t);
+/* nr weight rows from row r on against every row of x, XS rows of x at a time. */
+ALWAYS_INLINE void weight_rows(float *out, const float *x, const uint8_t *w, int64_t m,
+                               int64_t n, int64_t k, int64_t r, int nr, Quant t) {
+    const int64_t row_bytes = (k / BLOCK) * block_bytes(t);
+    const uint8_t *row = w + r * row_bytes;
     int64_t b = 0;
-    for (; b + XS <= m; b += XS) row_dot(row, x + b * k, XS, k, out + b * n + r, n, t);
+    for (; b + XS <= m; b += XS) tile(row, row_bytes, nr, x + b * k, XS, k, out + b * n + r, n, t);
     switch (m - b) {
-    case 3: row_dot(row, x + b * k, 3, k, out + b * n + r, n, t); break;
-    case 2: row_dot(row, x + b * k, 2, k, out + b * n + r, n, t); break;
-    case 1: row_dot(row, x + b * k, 1, k, out + b * n + r, n, t); break;
+    case 3: tile(row, row_bytes, nr, x + b * k, 3, k, out + b * n + r, n, t); break;
+    case 2: tile(row, row_bytes, nr, x + b * k, 2, k, out + b * n + r, n, t); break;
+    case 1: tile(row, row_bytes, nr, x + b * k, 1, k, out + b * n + r, n, t); break;
     }
 }
+
+/* The weight rows ROWS at a time, over the threads; the last n % ROWS one at a time. One
+ * static function per format, so each is compiled with its format a constant (OpenMP
+ * outlines the parallel loop before anything is inlined into it). */
+#define QUANT_TILES(NAME, QUANT)                                                               \
+    static void NAME(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,       \
+                     int64_t k) {                                                              \
+        _Pragma("omp parallel for schedule(static)") for (int64_t q = 0; q < n / ROWS; q++)    \
+            weight_rows(out, x, w, m, n, k, q * ROWS, ROWS, QUANT);                           \
+        for (int64_t r = n / ROWS * ROWS; r < n; r++) weight_rows(out, x, w, m, n, k, r, 1, QUANT); \
+    }
+QUANT_TILES(tiles_q8_0, Q8_0)
+QUANT_TILES(tiles_q4_0, Q4_0)
+QUANT_TILES(tiles_q4_1, Q4_1)
+QUANT_TILES(tiles_i8_row, I8_ROW)
 
 /* Rows of blocks widened to fp32 weights: out [n, k] (a prefill's many rows then run one
  * fp32 matrix product on them). */
@@ -146,23 +165,24 @@ DEQUANTIZE(dequantize_q8_0, Q8_0)
 DEQUANTIZE(dequantize_q4_0, Q4_0)
 DEQUANTIZE(dequantize_q4_1, Q4_1)
 
-/* One function per block format, each compiled with its format a constant. */
-#define QUANT_ROWS(NAME, QUANT)                                                                \
-    void NAME(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n, int64_t k) { \
-        _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < n; r++)           \
-            weight_row(out, x, w, m, n, k, r, QUANT);                                          \
-    }
-QUANT_ROWS(quant_rows_q8_0, Q8_0)
-QUANT_ROWS(quant_rows_q4_0, Q4_0)
-QUANT_ROWS(quant_rows_q4_1, Q4_1)
+void quant_rows_q8_0(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,
+                     int64_t k) {
+    tiles_q8_0(out, x, w, m, n, k);
+}
+void quant_rows_q4_0(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,
+                     int64_t k) {
+    tiles_q4_0(out, x, w, m, n, k);
+}
+void quant_rows_q4_1(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,
+                     int64_t k) {
+    tiles_q4_1(out, x, w, m, n, k);
+}
 
 /* Rows of x against int8 weights w [n, k] with one scale per output channel:
  * out[i, r] = scales[r] * sum_j x[i, j] * w[r, j]. */
 void int8_rows(float *out, const float *x, const int8_t *w, const float *scales, int64_t m,
                int64_t n, int64_t k) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n; r++) {
-        weight_row(out, x, (const uint8_t *)w, m, n, k, r, I8_ROW);
-        for (int64_t i = 0; i < m; i++) out[i * n + r] *= scales[r];
-    }
+    tiles_i8_row(out, x, (const uint8_t *)w, m, n, k);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t r = 0; r < n; r++) out[i * n + r] *= scales[r];
 }
