@@ -7,8 +7,9 @@ their reference and fallback. The kernels read an fp32 or a bfloat16 pool (a bfl
 halves the bytes a decode reads; its keys and values are widened as they are read and the
 sums kept in fp32), or an 8-bit one (`kv_cache_dtype`: fp8 or int8, halving them again): its
 rows are encoded in torch (`kv_format.py`) and copied to their slots by the store kernel,
-the decode kernel widens them as it reads, and every prefill chunk, a prompt's first
-included, attends over the decoded cache as the torch reference does. Another dtype, or a
+the decode kernel widens them as it reads, a prompt's first chunk attends over its own rows
+encoded and decoded again (the values the cache holds), and every later chunk attends over
+the decoded cache as the torch reference does. Another dtype, or a
 machine where the library cannot be built, runs the plain-torch path for the whole step.
 """
 
@@ -41,14 +42,14 @@ class CpuPagedAttention:
         self.format = stored_format(cache.dtype)
         decodes = step.decodes if self.lib is not None else []
         # a prompt's first chunk attends only to itself: causal attention on the step's own
-        # k/v, no gather from the pool, no mask tensor (an 8-bit cache's values differ from
-        # the step's own: there the chunk reads the cache like any other)
-        fresh = self.lib is not None and not self.format.quantized
+        # k/v, no gather from the pool, no mask tensor (over an 8-bit cache, on the values
+        # the cache holds: the step's own, encoded and decoded again)
+        fresh = self.lib is not None
         self.fresh = step.fresh_prefills if fresh else []
-        dtype = attention_dtype(cache.dtype)
-        self.chunks = chunk_groups(step, dtype, fresh=not fresh)
+        self.dtype = attention_dtype(cache.dtype)
+        self.chunks = chunk_groups(step, self.dtype, fresh=not fresh)
         if self.lib is None:  # plain torch for the whole step
-            self.chunks = decode_groups(step, dtype) + self.chunks
+            self.chunks = decode_groups(step, self.dtype) + self.chunks
         self.decode_seqs = torch.tensor(decodes, dtype=torch.int64)  # [num_decodes]
         self.decode_rows = torch.tensor([step.starts[i] for i in decodes], dtype=torch.int64)
         self.tables = metadata.block_tables.contiguous()  # [num_seqs, max_blocks] int32
@@ -62,24 +63,31 @@ class CpuPagedAttention:
         if self.lib is None:
             paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
             return attend_groups(q, k_cache, v_cache, self.chunks, self.scale)
-        self.store(k_cache, v_cache, k, v)
+        k, v = self.store(k_cache, v_cache, k, v)
+        if self.fresh and self.format.quantized:  # what the cache holds, in fp32
+            k, v = self.format.decode(k), self.format.decode(v)
         if self.chunks:
             out = attend_groups(q, k_cache, v_cache, self.chunks, self.scale)
         elif len(self.fresh) == 1 and is_every_row(self.fresh[0], q.shape[0]):
-            return fresh_prefill(q, k, v, self.scale)  # one prompt alone in the step
+            return self.fresh_prefill(q, k, v)  # one prompt alone in the step
         else:
             out = torch.empty_like(q)  # [T, Hq, D]
         for rows in self.fresh:
-            out[rows] = fresh_prefill(q[rows], k[rows], v[rows], self.scale)
+            out[rows] = self.fresh_prefill(q[rows], k[rows], v[rows])
         if self.decode_seqs.numel() > 0:
             self.decode(out, q, k_cache, v_cache)
         return out
 
+    def fresh_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A prompt's first chunk over itself, in the cache's attention dtype."""
+        out = fresh_prefill(q.to(self.dtype), k.to(self.dtype), v.to(self.dtype), self.scale)
+        return out.to(q.dtype)
+
     def store(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> None:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [T, Hkv, D] (rows may be strided, each row contiguous) -> their slots,
-        encoded first into an 8-bit cache's rows [T, Hkv, row]."""
+        encoded first into an 8-bit cache's rows [T, Hkv, row]; returns what was stored."""
         if self.format.quantized:
             k, v = self.format.encode(k), self.format.encode(v)
         check_rows(k_cache.dtype, k, v)
@@ -88,6 +96,7 @@ class CpuPagedAttention:
             k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
             slots.numel(), k.stride(0) * size, v.stride(0) * size, k[0].numel() * size,
         )  # fmt: skip
+        return k, v
 
     def decode(
         self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
