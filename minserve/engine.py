@@ -39,6 +39,7 @@ from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import host_tier_for
+from minserve.kvcache.kv_format import KVCodec
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
@@ -131,17 +132,19 @@ class LLMEngine:
         block_table_cls: type = BlockTable,
         scheduling_rules: dict[str, Callable[..., Any]] | None = None,
         swap_space_cls: type = HostSwapSpace,  # chapter 04: the host swap space's accounting
+        kv_codec: KVCodec | None = None,  # chapter 10: the int8 KV cache's arithmetic
     ) -> None:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
         param = next(loaded.model.parameters())
         cache_config, sized_by_memory = _size_for_device(cache_config, loaded, scheduler_config)
-        self.execution, backend = _attention(
+        execution = _codec_attention(
             loaded.execution.with_attention(attention_backend), attention_backend,
-            decode_kernels, attend,
+            kv_codec, decode_kernels,
         )  # fmt: skip
+        self.execution, backend = _attention(execution, attention_backend, decode_kernels, attend)
         self.execution = self.execution.with_kv_cache(cache_config.kv_cache_dtype)
-        kv_format = resolve_kv_format(self.execution.kv_cache_dtype, param.dtype)
+        kv_format = resolve_kv_format(self.execution.kv_cache_dtype, param.dtype, kv_codec)
         num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, kv_format)
         pool = PagedKVPool(
             loaded.config, num_blocks, cache_config.block_size, kv_format, param.device
@@ -351,6 +354,32 @@ class LLMEngine:
     def get_metrics(self) -> dict[str, float]:
         """Engine counters and gauges (vLLM's names where it has them)."""
         return engine_metrics(self.counters, self.scheduler, self.kv, self.timings)
+
+
+def _codec_attention(
+    execution: ExecutionConfig,
+    requested: str,
+    kv_codec: KVCodec | None,
+    decode_kernels: DecodeKernels | None,
+) -> ExecutionConfig:
+    """With a kv_codec, attention runs in torch, the path that calls the pool format's
+    `encode` and `decode` ("auto" resolves to it); the C and Triton int8 kernels hold
+    minserve's own arithmetic and would bypass the codec, so asking for them is an error."""
+    if kv_codec is None:
+        return execution
+    if decode_kernels is not None:
+        raise ValueError(
+            "kv_codec runs the int8 KV cache through torch attention; decode_kernels are "
+            "Triton kernels with their own int8 arithmetic: give one or the other"
+        )
+    if requested == "auto":
+        return replace(execution, attention="torch")
+    if execution.attention != "torch":
+        raise ValueError(
+            f"kv_codec runs on attention_backend='torch' (or 'auto'); the {requested!r} "
+            "backend's int8 kernels are minserve's own and would bypass the codec"
+        )
+    return execution
 
 
 def _attention(

@@ -19,6 +19,7 @@ from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
+from minserve.kvcache.kv_format import KVCodec, check_kv_codec
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
 from minserve.model.loader import LoadedModel, load_model
@@ -78,6 +79,10 @@ class LLM:
     kv_cache_dtype="fp8_e4m3" (or "fp8"), "fp8_e5m2" or "int8" stores the KV cache in 8
     bits: twice the tokens in the same memory, half the bytes a decode reads (vLLM's option;
     docs/engine.md, "8-bit KV cache"); "auto" stores the model's dtype.
+    kv_codec=KVCodec.from_module(module) (with kv_cache_dtype="int8") stores and reads that
+    cache with the module's `quantize_int8` and `dequantize_int8` (chapter 10); attention
+    then runs in torch, the path that calls them ("auto"; the C and Triton int8 kernels
+    have minserve's own arithmetic, so naming them is an error).
     quantization="gguf" keeps a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as stored and
     widens them where they are used (vLLM's spelling; docs/engine.md, "Quantized weights");
     quantization="int8" stores every weight matrix as int8 with a scale per output channel.
@@ -125,6 +130,7 @@ class LLM:
         decode_kernels: DecodeKernels | None = None,
         quantization: str | None = None,
         quant_codec: QuantCodec | None = None,
+        kv_codec: KVCodec | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -138,6 +144,7 @@ class LLM:
                 f"kv_cache_dtype={kv_cache_dtype!r} stores the paged engine's KV pool in one "
                 "process; use engine='paged' with tensor_parallel_size=1, or kv_cache_dtype='auto'"
             )
+        check_kv_codec(kv_cache_dtype, kv_codec)
         if tensor_parallel_layers is not None and tensor_parallel_size == 1:
             raise ValueError("tensor_parallel_layers applies with tensor_parallel_size > 1")
         check_stop_matcher_cls(stop_matcher_cls)
@@ -183,7 +190,7 @@ class LLM:
                 **tp_parts, speculative_config=speculative, sample_output_cls=sample_output_cls,
                 stop_matcher_cls=stop_matcher_cls,
                 decode_kernels=decode_kernels, attend=attend, block_table_cls=block_table_cls,
-                scheduling_rules=rules, swap_space_cls=swap_space_cls,
+                scheduling_rules=rules, swap_space_cls=swap_space_cls, kv_codec=kv_codec,
             )  # fmt: skip
             self.max_model_len = self.engine.max_model_len
         else:

@@ -1,4 +1,4 @@
-# Generated from minserve/model/quant_blocks.py, minserve/model/quantize_model.py by `python -m minserve.course.generate`;
+# Generated from minserve/model/quant_blocks.py, minserve/model/quantize_model.py, minserve/kvcache/kv_format.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 10, Fewer bytes: GGUF's block formats, both ways, and the matmul that
 widens them a slice at a time.
@@ -10,13 +10,17 @@ Plug them into the engine with `LLM(model=<gguf file>, quantization="gguf",
 quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens
 its blocks with your dequantize functions and multiplies with your matmul. 10.4
 quantizes a loaded fp32 model's layers with your quantize functions: serve it with
-`LLM(model=loaded, quant_codec=...)`.
+`LLM(model=loaded, quant_codec=...)`. 10.5 is the int8 KV cache's row: one fp16
+scale per token and KV head, q = round(x / scale) in [-127, 127]; plug it in with
+`LLM(kv_cache_dtype="int8", kv_codec=KVCodec.from_module(module))`: the engine
+then stores and reads every cached key and value with your two functions.
 """
 
 import torch
 from torch import nn
 
 from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
+from minserve.kvcache.kv_format import INT8_MAX, KVCodec  # noqa: F401
 from minserve.model.quant_blocks import QuantCodec  # noqa: F401
 from minserve.model.quant_blocks import (  # noqa: F401  (your code will want them)
     Widen,
@@ -166,3 +170,26 @@ def quantize_weights(model: nn.Module, quant: str, quantize: Quantize) -> int:
         setattr(model.get_submodule(parent_name), attr, new)
         replaced += 1
     return replaced
+
+
+# Exercise 10.5: the int8 KV store
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] -> (q [..., D] int8, scale [..., 1] fp16) with x ~= q * scale.
+
+    scale = absmax(x) / 127 per row (in fp32), rounded to fp16 first so that the stored
+    scale is the one used; q = round(x / scale) (torch.round: halves to even) clamped to
+    [-127, 127]. An all-zero row gets scale 0 and q 0 (no division by zero); a row past
+    fp16's range (absmax > 127 x 65504) saturates at the largest scale instead of
+    overflowing.
+    """
+    absmax = x.float().abs().amax(dim=-1, keepdim=True)  # [..., 1]
+    largest = torch.finfo(torch.float16).max
+    scale = (absmax / INT8_MAX).clamp(max=largest).to(torch.float16)
+    safe = torch.where(scale > 0, scale.float(), torch.ones_like(absmax))
+    q = torch.round(x.float() / safe).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The inverse of `quantize_int8`: q [..., D] int8 times scale [..., 1] -> float32."""
+    return q.float() * scale.float()

@@ -18,6 +18,8 @@ from typing import Protocol
 
 import torch
 
+from minserve.kvcache.kv_format import Int8Format, KVFormat, stored_format
+
 
 class PagedKVCache(Protocol):
     """Anything holding per-layer paged K/V, e.g. the engine's `PagedKVPool`."""
@@ -29,6 +31,25 @@ class PagedKVCache(Protocol):
     def v_cache(self, layer: int) -> torch.Tensor:
         """[num_blocks, block_size, num_kv_heads, head_dim] values of one layer (a view)."""
         ...
+
+
+def cache_format(kv: PagedKVCache) -> KVFormat:
+    """The format of kv's rows: the one the pool holds (the engine's `PagedKVPool`, a
+    `kv_codec`'s arithmetic included), else the one its dtype names."""
+    held = getattr(kv, "format", None)
+    return held if isinstance(held, KVFormat) else stored_format(kv.k_cache(0).dtype)
+
+
+def kernel_format(kv: PagedKVCache, backend: str) -> KVFormat:
+    """`cache_format(kv)` for a backend whose int8 kernels hold minserve's arithmetic: a
+    pool given a `kv_codec` is refused, since those kernels would bypass it."""
+    fmt = cache_format(kv)
+    if isinstance(fmt, Int8Format) and fmt.codec is not None:
+        raise ValueError(
+            f"the {backend!r} attention backend's int8 kernels are minserve's own and would "
+            "bypass the kv_codec; run it with attention_backend='torch' (or 'auto')"
+        )
+    return fmt
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache, kernel_format
 from minserve.attention.paged_plan import StepLayout, chunk_groups, decode_groups
 from minserve.attention.paged_torch import attend_groups, is_every_row, paged_store_reference
 from minserve.kernels.build import cpu_kernels
-from minserve.kvcache.kv_format import attention_dtype, stored_format
+from minserve.kvcache.kv_format import attention_dtype
 
 
 class CpuPagedAttention:
@@ -39,7 +39,7 @@ class CpuPagedAttention:
         cache = kv.k_cache(0)
         step = StepLayout.read(metadata, cache.shape[1])
         self.lib = cpu_kernels() if uses_kernels(cache) else None
-        self.format = stored_format(cache.dtype)
+        self.format = kernel_format(kv, "cpu")
         decodes = step.decodes if self.lib is not None else []
         # a prompt's first chunk attends only to itself: causal attention on the step's own
         # k/v, no gather from the pool, no mask tensor (over an 8-bit cache, on the values

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache, cache_format
 from minserve.attention.paged_plan import AttentionGroup, plan_step
-from minserve.kvcache.kv_format import attention_dtype, stored_format
+from minserve.kvcache.kv_format import KVFormat, attention_dtype, stored_format
 
 
 def flat_slots(cache: torch.Tensor) -> torch.Tensor:
@@ -39,13 +39,15 @@ def paged_store_reference(
     k: torch.Tensor,
     v: torch.Tensor,
     slot_mapping: torch.Tensor,
+    fmt: KVFormat | None = None,
 ) -> None:
     """Write k, v [T, Hkv, D] into the caches [num_blocks, block_size, Hkv, row] at their
-    slots, encoded in the cache's format (`kv_format.py`; row = D but for int8).
+    slots, encoded in `fmt` (default: the one the cache's dtype names; `kv_format.py`;
+    row = D but for int8).
 
     Slot s is block s // block_size, offset s % block_size: row s of the flat view.
     """
-    fmt = stored_format(k_cache.dtype)
+    fmt = fmt or stored_format(k_cache.dtype)
     flat_slots(k_cache)[slot_mapping] = fmt.encode(k)
     flat_slots(v_cache)[slot_mapping] = fmt.encode(v)
 
@@ -71,13 +73,15 @@ def attend_groups(
     v_cache: torch.Tensor,
     groups: list[AttentionGroup],
     scale: float | None,
+    fmt: KVFormat | None = None,
 ) -> torch.Tensor:
     """Run each planned group and scatter its output back to its rows: [T, Hq, D].
 
     The groups' masks are in `attention_dtype(cache dtype)`: the queries are cast to it.
+    8-bit rows are decoded by `fmt` (default: the format the cache's dtype names).
     """
     num_heads, head_dim = q.shape[1:]
-    fmt, dtype = stored_format(k_cache.dtype), attention_dtype(k_cache.dtype)
+    fmt, dtype = fmt or stored_format(k_cache.dtype), attention_dtype(k_cache.dtype)
     outputs = []
     for g in groups:
         batch, n = g.positions.shape
@@ -180,6 +184,7 @@ class TorchPagedAttention:
         self.kv = kv
         self.metadata = metadata
         self.scale = scale
+        self.format = cache_format(kv)  # the pool's own: a kv_codec's arithmetic included
         cache = kv.k_cache(0)
         self.groups = plan_step(metadata, cache.shape[1], attention_dtype(cache.dtype))
 
@@ -188,5 +193,5 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         self.metadata.check_num_tokens(q.shape[0])
         k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
-        paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
-        return attend_groups(q, k_cache, v_cache, self.groups, self.scale)
+        paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping, self.format)
+        return attend_groups(q, k_cache, v_cache, self.groups, self.scale, self.format)

@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 
 from minserve.attention.contiguous import Attend
-from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache, cache_format
 from minserve.attention.paged_torch import flat_slots, paged_store_reference
-from minserve.kvcache.kv_format import stored_format
 
 
 def context_slots(metadata: AttentionMetadata, block_size: int) -> list[torch.Tensor]:
@@ -35,6 +34,7 @@ class PerSequenceAttention:
         self.kv = kv
         self.metadata = metadata
         self.attend = attend
+        self.format = cache_format(kv)  # the pool's own: a kv_codec's arithmetic included
         self.slots = context_slots(metadata, kv.k_cache(0).shape[1])
         self.starts = metadata.query_start_loc.tolist()  # [num_seqs + 1]
 
@@ -43,8 +43,8 @@ class PerSequenceAttention:
     ) -> torch.Tensor:
         self.metadata.check_num_tokens(q.shape[0])
         k_cache, v_cache = self.kv.k_cache(layer), self.kv.v_cache(layer)
-        paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
-        fmt = stored_format(k_cache.dtype)
+        paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping, self.format)
+        fmt = self.format
         out = torch.empty_like(q)  # [T, Hq, D]
         for i, slots in enumerate(self.slots):
             rows = slice(self.starts[i], self.starts[i + 1])

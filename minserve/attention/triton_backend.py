@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minserve.attention.metadata import AttentionMetadata, PagedKVCache
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache, kernel_format
 from minserve.attention.paged_plan import AttentionGroup, StepLayout, chunk_groups
 from minserve.attention.paged_torch import attend_groups
 from minserve.attention.triton_decode import DecodeKernels, paged_decode
@@ -24,7 +24,6 @@ from minserve.attention.triton_env import check_kernel_device
 from minserve.attention.triton_kv8 import as_bytes, int8_store, kv8_decode
 from minserve.attention.triton_prefill import paged_prefill
 from minserve.attention.triton_store import paged_store
-from minserve.kvcache.kv_format import stored_format
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ class TritonPagedAttention:
             slice(0, num_decodes) if first or self.decodes is None else self.decodes.query_starts
         )
         cache = kv.k_cache(0)
-        self.format = stored_format(cache.dtype)
+        self.format = kernel_format(kv, "triton")
         self.groups: list[AttentionGroup] = []  # an 8-bit pool's chunks, run in torch
         if self.format.quantized and self.chunks is not None:
             self.groups = chunk_groups(StepLayout.read(metadata, cache.shape[1]), torch.float32)

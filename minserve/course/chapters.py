@@ -378,7 +378,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="fewer_bytes",
         title="Fewer bytes",
         module="ch10_quant_blocks",
-        sources=("model/quant_blocks.py", "model/quantize_model.py"),
+        sources=("model/quant_blocks.py", "model/quantize_model.py", "kvcache/kv_format.py"),
         header=(
             '"""Chapter 10, Fewer bytes: GGUF\'s block formats, both ways, and the matmul that\n'
             "widens them a slice at a time.\n\n"
@@ -389,11 +389,15 @@ CHAPTERS: tuple[Chapter, ...] = (
             "quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens\n"
             "its blocks with your dequantize functions and multiplies with your matmul. 10.4\n"
             "quantizes a loaded fp32 model's layers with your quantize functions: serve it with\n"
-            "`LLM(model=loaded, quant_codec=...)`.\n"
+            "`LLM(model=loaded, quant_codec=...)`. 10.5 is the int8 KV cache's row: one fp16\n"
+            "scale per token and KV head, q = round(x / scale) in [-127, 127]; plug it in with\n"
+            '`LLM(kv_cache_dtype="int8", kv_codec=KVCodec.from_module(module))`: the engine\n'
+            "then stores and reads every cached key and value with your two functions.\n"
             '"""\n\n'
             "import torch\n"
             "from torch import nn\n\n"
             "from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES\n"
+            "from minserve.kvcache.kv_format import INT8_MAX, KVCodec  # noqa: F401\n"
             "from minserve.model.quant_blocks import QuantCodec  # noqa: F401\n"
             "from minserve.model.quant_blocks import (  # noqa: F401  (your code will want them)\n"
             "    Widen,\n"

@@ -1,7 +1,8 @@
 """Checks for chapter 10, run against any module that defines GGUF's block codecs
 (`quantize_q8_0`, `dequantize_q8_0`, `pack_nibbles`, `unpack_nibbles`, `quantize_q4_0`,
-`dequantize_q4_0`, `quantize_q4_1`, `dequantize_q4_1`), `dequantize_matmul` and
-`quantize_weights`: the solutions, or a student's exercise file.
+`dequantize_q4_0`, `quantize_q4_1`, `dequantize_q4_1`), `dequantize_matmul`,
+`quantize_weights` and the int8 KV row (`quantize_int8`, `dequantize_int8`): the
+solutions, or a student's exercise file.
 
 The oracle is the `gguf` package's `quantize` and `dequantize` (llama.cpp's reference
 arithmetic): blocks must agree byte for byte and weights bit for bit, on hand-made rows
@@ -9,12 +10,17 @@ arithmetic): blocks must agree byte for byte and weights bit for bit, on hand-ma
 hypothesis. The matmul is compared with x @ dequantize(blocks).T, and watched to widen
 slices, not the whole matrix; then it runs inside the engine's `QuantizedLinear`. A tiny
 random Llama, quantized layer by layer, must hold minserve's blocks for each weight.
+The int8 KV row's oracle is minserve's `kv_format.quantize_int8`, bit for bit (hand-made
+and hypothesis rows); then the engine stores its KV cache with the student's pair
+(`LLM(kv_cache_dtype="int8", kv_codec=...)`) and must keep the reference's greedy tokens.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minserve.kernels.cpu_ops import QUANT_BLOCK_BYTES
+from minserve.kvcache.kv_format import INT8_CODEC, KVCodec
 from minserve.model.llama import CausalLM
 from minserve.model.quant_blocks import QuantCodec, dequantize, quantize
 from minserve.model.quantized_linear import QuantizedEmbedding, QuantizedLinear
@@ -293,6 +300,150 @@ def check_quantize_weights_shares_a_tied_head(impl: ModuleType) -> None:
     _assert_quantized_model(impl, tied=True)
 
 
+# --- exercise 10.5: the int8 KV store, against minserve's `kv_format.quantize_int8` ---
+
+FP16_LARGEST = 65504.0
+# KV rows: plenty of zeros; values past 127 x 65504 (the largest fp16 scale) saturate
+_kv_values = st.one_of(
+    st.floats(-300.0, 300.0, width=32),
+    st.just(0.0),
+    st.sampled_from([0.5, -2.5, 127.0, -1e7, 1e7]),
+)
+_kv_rows = st.integers(1, 40).flatmap(
+    lambda d: st.lists(st.lists(_kv_values, min_size=d, max_size=d), min_size=1, max_size=4)
+)
+
+
+def _kv_hand_made_rows() -> torch.Tensor:
+    """[4 tokens, 2 KV heads, 16]: random; an all-zero row; a row past fp16's range;
+    exact halves at scale 1 and at scale 0.5; a tiny row."""
+    g = torch.Generator().manual_seed(105)
+    x = torch.randn(4, 2, 16, generator=g) * 3  # [T, Hkv, D]
+    x[1, 0] = 0.0  # scale 0, q 0
+    x[1, 1] = torch.linspace(-1, 1, 16) * 4 * 127 * FP16_LARGEST  # saturates
+    x[2, 0] = torch.arange(16) - 7.5  # halves: scale 1 once 127 sets it
+    x[2, 0, 15] = 127.0
+    x[2, 1] = (torch.arange(16) - 8) * 0.5 + 0.25  # x / 0.5 is a half; 63.5 sets 0.5
+    x[2, 1, 0] = -63.5
+    x[3, 1] = torch.linspace(-1, 1, 16) * 1e-4
+    return x
+
+
+def _first_bad_row(expected: torch.Tensor, got: torch.Tensor) -> str:
+    """Where two [..., D] tensors first differ: the row's index, expected and got."""
+    bad = (expected != got).reshape(-1, expected.shape[-1]).any(dim=-1).nonzero()[0].item()
+    index = tuple(int(i) for i in np.unravel_index(bad, expected.shape[:-1]))
+    row = (expected.reshape(-1, expected.shape[-1])[bad], got.reshape(-1, got.shape[-1])[bad])
+    return f"first at row {index}: expected {row[0].tolist()}, got {row[1].tolist()}"
+
+
+def _assert_kv_quantize(impl: ModuleType, x: torch.Tensor) -> None:
+    """impl's quantize_int8(x) equals minserve's: q and scale, bit for bit."""
+    want_q, want_scale = INT8_CODEC.quantize(x)
+    got = impl.quantize_int8(x.clone())
+    assert isinstance(got, tuple) and len(got) == 2, (
+        f"quantize_int8 must return a pair (q, scale), got {type(got).__name__}"
+    )
+    q, scale = got
+    what = f"quantize_int8(x {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')})"
+    for name, value, want in (("q", q, want_q), ("scale", scale, want_scale)):
+        assert isinstance(value, torch.Tensor) and value.dtype == want.dtype, (
+            f"{what}: {name} must be a {want.dtype} tensor, got {type(value).__name__} "
+            f"{getattr(value, 'dtype', '')}"
+        )
+        assert value.shape == want.shape, (
+            f"{what}: {name} should be shaped {tuple(want.shape)}, got {tuple(value.shape)}"
+        )
+    assert torch.equal(scale, want_scale), f"{what}: scales differ, " + _first_bad_row(
+        want_scale, scale
+    )
+    assert torch.equal(q, want_q), f"{what}: q differs, " + _first_bad_row(want_q, q)
+
+
+def _assert_kv_dequantize(impl: ModuleType, x: torch.Tensor) -> None:
+    """impl's dequantize_int8 of minserve's (q, scale) equals minserve's, bit for bit."""
+    q, scale = INT8_CODEC.quantize(x)
+    want = INT8_CODEC.dequantize(q, scale)
+    got = impl.dequantize_int8(q.clone(), scale.clone())
+    what = f"dequantize_int8(q {tuple(q.shape)}, scale {tuple(scale.shape)})"
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32, (
+        f"{what} must return a float32 tensor, got {type(got).__name__} {getattr(got, 'dtype', '')}"
+    )
+    assert got.shape == want.shape, f"{what}: expected {tuple(want.shape)}, got {tuple(got.shape)}"
+    assert torch.equal(got, want), f"{what}: values differ, " + _first_bad_row(want, got)
+
+
+def check_int8_quantize_matches_minserve(impl: ModuleType) -> None:
+    """Hand-made KV rows (zero, past fp16's range, halves, tiny): minserve's q and scales.
+
+    Bit for bit, from fp32 and from bf16."""
+    x = _kv_hand_made_rows()
+    _assert_kv_quantize(impl, x)
+    _assert_kv_quantize(impl, x.bfloat16())
+
+
+def check_int8_dequantize_matches_minserve(impl: ModuleType) -> None:
+    """q times its fp16 scale, widened to fp32: minserve's values, bit for bit."""
+    _assert_kv_dequantize(impl, _kv_hand_made_rows())
+
+
+def check_int8_random_rows(impl: ModuleType) -> None:
+    """Random KV rows (hypothesis): quantize and dequantize agree with minserve's on each."""
+
+    @_SETTINGS
+    @given(_kv_rows)
+    def run(values: list[list[float]]) -> None:
+        x = torch.tensor(values, dtype=torch.float32)  # [rows, D]
+        _assert_kv_quantize(impl, x)
+        _assert_kv_dequantize(impl, x)
+
+    run()
+
+
+KV_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+
+
+@functools.cache
+def _int8_llm() -> Any:
+    """The bundled SmolLM2 on minserve's int8 KV cache, in torch attention (the oracle)."""
+    from minserve.llm import LLM
+
+    return LLM(num_blocks=16, kv_cache_dtype="int8", attention_backend="torch")
+
+
+def _greedy_tokens(llm: Any) -> list[list[int]]:
+    from minserve.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(KV_PROMPTS, params, use_tqdm=False)]
+
+
+@functools.cache
+def _int8_reference_tokens() -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(tokens) for tokens in _greedy_tokens(_int8_llm()))
+
+
+def check_kv_codec_keeps_the_int8_engine_s_tokens(impl: ModuleType) -> None:
+    """The engine on your int8 KV store (`LLM(kv_codec=...)`) keeps minserve's greedy tokens.
+
+    `LLM(kv_cache_dtype="int8", kv_codec=KVCodec.from_module(module))` stores and reads
+    every cached key and value with your pair; the oracle is the same engine on minserve's."""
+    from minserve.llm import LLM
+
+    impl.quantize_int8(torch.ones(1, 4))  # a stub stops here, before the model loads
+    codec = KVCodec.from_module(impl)
+    expected = [list(tokens) for tokens in _int8_reference_tokens()]
+    llm = LLM(_int8_llm().loaded, num_blocks=16, kv_cache_dtype="int8", kv_codec=codec)
+    got = _greedy_tokens(llm)
+    for prompt, want, tokens in zip(KV_PROMPTS, expected, got):
+        assert tokens == want, (
+            f"greedy tokens of {prompt!r} on your int8 KV cache: expected {want}, got {tokens}"
+        )
+
+
+check_kv_codec_keeps_the_int8_engine_s_tokens.time_limit_factor = 3  # type: ignore[attr-defined]
+
+
 CHECKS: list[Callable[[ModuleType], None]] = [
     check_q8_0_quantize_matches_gguf,
     check_q8_0_dequantize_matches_gguf,
@@ -306,10 +457,14 @@ CHECKS: list[Callable[[ModuleType], None]] = [
     check_codec_runs_a_quantized_layer,
     check_quantize_weights_replaces_every_layer,
     check_quantize_weights_shares_a_tied_head,
+    check_int8_quantize_matches_minserve,
+    check_int8_dequantize_matches_minserve,
+    check_int8_random_rows,
+    check_kv_codec_keeps_the_int8_engine_s_tokens,
 ]
 
 
-def passes_checks(impl: ModuleType, exercises: str = "10.1 10.2 10.3 10.4") -> bool:
+def passes_checks(impl: ModuleType, exercises: str = "10.1 10.2 10.3 10.4 10.5") -> bool:
     """Whether `impl` passes the checks of those exercises (the notebook falls back to the
     solutions until it does)."""
     try:
@@ -323,7 +478,8 @@ def passes_checks(impl: ModuleType, exercises: str = "10.1 10.2 10.3 10.4") -> b
 _EXERCISE_OF = {
     check.__name__: exercise
     for exercise, checks in {
-        "10.1": CHECKS[:3], "10.2": CHECKS[3:7], "10.3": CHECKS[7:10], "10.4": CHECKS[10:]
+        "10.1": CHECKS[:3], "10.2": CHECKS[3:7], "10.3": CHECKS[7:10], "10.4": CHECKS[10:12],
+        "10.5": CHECKS[12:],
     }.items()
     for check in checks
 }  # fmt: skip
@@ -374,5 +530,18 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "name.rpartition('.') gives the parent's name and the attribute; "
         "model.get_submodule(parent) the parent ('' is the model itself); "
         "QuantizedLinear(blocks, quant, layer.bias), QuantizedEmbedding(blocks, quant, dtype).",
+    ),
+    "10.5": (
+        "An int8 KV row keeps one scale per token and KV head: the row's largest magnitude "
+        "maps to 127, every value to round(x / scale). The scale is stored in fp16, so "
+        "divide by the fp16 scale you store, not by the exact one.",
+        "Per row (the last dim): absmax in fp32, divided by 127, capped at fp16's largest "
+        "value, cast to fp16; divide x (in fp32) by that scale widened back (1 where the "
+        "scale is 0), round, clamp to [-127, 127], cast to int8. Dequantizing widens both "
+        "to fp32 and multiplies.",
+        "absmax: x.float().abs().amax(dim=-1, keepdim=True); the fp16 scale: (absmax / "
+        "INT8_MAX).clamp(max=torch.finfo(torch.float16).max).to(torch.float16); a divisor "
+        "without zeros: torch.where(scale > 0, scale.float(), 1.0); then torch.round of x "
+        "in fp32 over it, .clamp(-INT8_MAX, INT8_MAX), .to(torch.int8).",
     ),
 }

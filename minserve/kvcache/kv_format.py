@@ -13,12 +13,17 @@ against bfloat16 (vLLM's `kv_cache_dtype`):
   stays one uint8 tensor whose blocks move (copy-on-write, swap, host tier, hand-off)
   exactly as a 16-bit pool's do: D + 2 bytes per token and head.
 
-`encode` and `decode` here are the reference every backend's kernels match.
+`encode` and `decode` here are the reference every backend's kernels match. An int8 format
+may carry a `KVCodec`, another pair of int8 functions (chapter 10's exercise 10.5:
+`LLM(kv_cache_dtype="int8", kv_codec=KVCodec.from_module(module))`); only the torch
+attention paths call a format's `encode` and `decode`, so the engine runs such a pool there.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import ModuleType
 
 import torch
 
@@ -26,6 +31,29 @@ from minserve.config import KV_CACHE_DTYPES
 
 INT8_MAX = 127
 SCALE_BYTES = 2  # the int8 row's scale, stored as fp16
+
+# x [..., D] float -> (q [..., D] int8, scale [..., 1] fp16)
+QuantizeInt8 = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# (q [..., D] int8, scale [..., 1] fp16) -> [..., D] float32
+DequantizeInt8 = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class KVCodec:
+    """The int8 KV arithmetic an `Int8Format` calls: minserve's (`INT8_CODEC`) or a
+    module's (`KVCodec.from_module`, chapter 10's exercise 10.5)."""
+
+    quantize: QuantizeInt8
+    dequantize: DequantizeInt8
+
+    @classmethod
+    def from_module(cls, module: ModuleType) -> KVCodec:
+        """`module.quantize_int8` and `module.dequantize_int8` (the exercises or solutions)."""
+        wanted = ("quantize_int8", "dequantize_int8")
+        missing = [name for name in wanted if not callable(getattr(module, name, None))]
+        if missing:
+            raise ValueError(f"module {module.__name__} has no function {', '.join(missing)}")
+        return cls(module.quantize_int8, module.dequantize_int8)
 
 
 @dataclass(frozen=True)
@@ -73,10 +101,19 @@ class Fp8Format(KVFormat):
 
 @dataclass(frozen=True)
 class Int8Format(KVFormat):
-    """Symmetric int8, one fp16 scale per token and KV head, stored after the D values."""
+    """Symmetric int8, one fp16 scale per token and KV head, stored after the D values.
+
+    `codec` None: minserve's `quantize_int8` and `dequantize_int8`; else that codec's.
+    """
 
     storage_dtype: torch.dtype = torch.uint8
     quantized: bool = True
+    codec: KVCodec | None = None
+
+    @property
+    def arithmetic(self) -> KVCodec:
+        """The functions `encode` and `decode` call."""
+        return self.codec or INT8_CODEC
 
     def row_size(self, head_dim: int) -> int:
         return head_dim + SCALE_BYTES
@@ -85,7 +122,7 @@ class Int8Format(KVFormat):
         return row_size - SCALE_BYTES
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        q, scale = quantize_int8(x)  # [T, Hkv, D] int8, [T, Hkv, 1] fp16
+        q, scale = self.arithmetic.quantize(x)  # [T, Hkv, D] int8, [T, Hkv, 1] fp16
         return torch.cat([q.view(torch.uint8), scale.view(torch.uint8)], dim=-1)
 
     def decode(self, stored: torch.Tensor) -> torch.Tensor:
@@ -93,27 +130,40 @@ class Int8Format(KVFormat):
         # a fresh, packed copy of the scales' bytes: a view of fp16 needs them aligned
         scale_bytes = stored[..., -SCALE_BYTES:].clone(memory_format=torch.contiguous_format)
         scale = scale_bytes.view(torch.float16)  # [..., Hkv, 1]
-        return dequantize_int8(values, scale)
+        return self.arithmetic.dequantize(values, scale)
 
 
+# >>> exercise 10.5: the int8 KV store
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] -> (q [..., D] int8, scale [..., 1] fp16) with x ~= q * scale.
 
-    scale = absmax(x) / 127 per row, rounded to fp16 first so that the stored scale is the
-    one used; an all-zero row gets scale 0 and q 0 (no division by zero); a row past fp16's
-    range (absmax > 127 x 65504) saturates at the largest scale instead of overflowing.
+    scale = absmax(x) / 127 per row (in fp32), rounded to fp16 first so that the stored
+    scale is the one used; q = round(x / scale) (torch.round: halves to even) clamped to
+    [-127, 127]. An all-zero row gets scale 0 and q 0 (no division by zero); a row past
+    fp16's range (absmax > 127 x 65504) saturates at the largest scale instead of
+    overflowing.
     """
+    # >>> solution
     absmax = x.float().abs().amax(dim=-1, keepdim=True)  # [..., 1]
     largest = torch.finfo(torch.float16).max
     scale = (absmax / INT8_MAX).clamp(max=largest).to(torch.float16)
     safe = torch.where(scale > 0, scale.float(), torch.ones_like(absmax))
     q = torch.round(x.float() / safe).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
+    # <<< solution
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The inverse of `quantize_int8`: q [..., D] int8 times scale [..., 1] -> float32."""
+    # >>> solution
     return q.float() * scale.float()
+    # <<< solution
+
+
+# <<< exercise
+
+
+INT8_CODEC = KVCodec(quantize_int8, dequantize_int8)
 
 
 KV_FORMATS: dict[str, KVFormat] = {
@@ -133,11 +183,24 @@ def check_kv_cache_dtype(name: str) -> str:
     return ALIASES.get(name, name)
 
 
-def kv_format(name: str, model_dtype: torch.dtype) -> KVFormat:
-    """The format called `name`; "auto" stores the model's own dtype."""
+def check_kv_codec(name: str, codec: KVCodec | None) -> None:
+    """A codec is int8 arithmetic: it goes with kv_cache_dtype="int8" only."""
+    if codec is not None and check_kv_cache_dtype(name) != "int8":
+        raise ValueError(
+            f"kv_codec quantizes an int8 KV cache, but kv_cache_dtype is {name!r}; "
+            "pass kv_cache_dtype='int8' with it"
+        )
+
+
+def kv_format(name: str, model_dtype: torch.dtype, codec: KVCodec | None = None) -> KVFormat:
+    """The format called `name`; "auto" stores the model's own dtype; int8 with `codec`
+    encodes and decodes through it."""
+    check_kv_codec(name, codec)
     name = check_kv_cache_dtype(name)
     if name == "auto":
         return KVFormat(str(model_dtype).removeprefix("torch."), model_dtype)
+    if codec is not None:
+        return replace(KV_FORMATS[name], codec=codec)
     return KV_FORMATS[name]
 
 
