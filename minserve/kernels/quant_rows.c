@@ -10,10 +10,10 @@
  * row is a fifth of its fp32 bytes and a decode step is memory-bound, so reading the blocks
  * and widening them in registers is where the speed comes from (llama.cpp's approach).
  *
- * Each block is widened to 32 fp32 weights, exactly the values the `gguf` package's
- * dequantize gives (the same fp32 products and sums, no fused multiply-add), then multiplied
- * with up to four rows of x at once and added with fused multiply-adds: the sums are the
- * dequantized layer's, in another order and with one rounding less per product.
+ * The products take each block's codes as they are and apply its scale and offset once
+ * (`tile`); the sums are the dequantized layer's but for rounding. A prefill's many rows
+ * instead widen the blocks to fp32 weights, exactly the values the `gguf` package's
+ * dequantize gives, and run one fp32 matrix product on them.
  */
 
 #include <stdint.h>
@@ -67,34 +67,45 @@ static inline float half_at(const uint8_t *p) {
 #endif
 }
 
-/* One block's 32 weights as two vectors: w[0] holds weights 0-15, w[1] weights 16-31. */
-ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
+/* A block's 32 codes as floats (c[0]: 0-15, c[1]: 16-31), before its scale and offset. */
+ALWAYS_INLINE void block_codes(f32x16 c[2], const uint8_t *block, Quant t) {
     if (t == I8_ROW || t == Q8_0) {
-        const int64_t at = t == I8_ROW ? 0 : 2;
-        const float d = t == I8_ROW ? 1.0f : half_at(block); /* its scale: after the sums */
-        w[0] = int8x16_as_float(block + at) * d;
-        w[1] = int8x16_as_float(block + at + 16) * d;
+        const uint8_t *q = block + (t == Q8_0 ? 2 : 0);
+        c[0] = int8x16_as_float(q);
+        c[1] = int8x16_as_float(q + 16);
         return;
     }
-    const float d = half_at(block);
     const u32x16 nibbles = bytes16(block + (t == Q4_1 ? 4 : 2)); /* a byte in each lane */
-    const f32x16 low = __builtin_convertvector((i32x16)(nibbles & 0x0fu), f32x16);
-    const f32x16 high = __builtin_convertvector((i32x16)(nibbles >> 4), f32x16);
-    if (t == Q4_0) {
-        w[0] = (low - 8.0f) * d;
-        w[1] = (high - 8.0f) * d;
-    } else {
-        const float mn = half_at(block + 2);
-        w[0] = low * d + mn;
-        w[1] = high * d + mn;
+    c[0] = __builtin_convertvector((i32x16)(nibbles & 0x0fu), f32x16);
+    c[1] = __builtin_convertvector((i32x16)(nibbles >> 4), f32x16);
+}
+
+/* One block's 32 weights as two vectors, exactly as the `gguf` package widens them:
+ * Q8_0 d * q, Q4_0 (q - 8) * d, Q4_1 q * d + m (fp32, no fused multiply-add). */
+ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
+    f32x16 c[2];
+    block_codes(c, block, t);
+    const float d = t == I8_ROW ? 1.0f : half_at(block);
+    for (int h = 0; h < 2; h++) {
+        if (t == Q4_0)
+            w[h] = (c[h] - 8.0f) * d;
+        else if (t == Q4_1)
+            w[h] = c[h] * d + half_at(block + 2);
+        else
+            w[h] = c[h] * d;
     }
 }
 
 /* ROWS weight rows (`row`, `row_bytes` apart) against nx <= XS rows of x (k apart):
- * out[j * n + i] is row j of x against weight row i. Each block is widened once and used
- * for every row of x; the ROWS x nx sums are independent chains of fused multiply-adds, so
- * one row's latency hides behind the others'. Inlined with nr and nx constants, so the sums
- * stay in registers (16 of AVX-512's 32 at most). */
+ * out[j * n + i] is row j of x against weight row i.
+ *
+ * A block's weights are d * q + m (Q4_0: m = -8 d; Q8_0 and int8: m = 0), so its share of
+ * a sum is d * (q . x) + m * (the block's x summed): the codes q meet x as they are, the
+ * scale once per block, and the block sums of x (as 16 partial sums) once per row of x for
+ * every weight row. That is fewer operations than widening each weight first; the sums are
+ * the dequantized layer's but for rounding. The ROWS x nx sums are independent chains of
+ * fused multiply-adds, so one's latency hides behind the others'. Inlined with nr and nx
+ * constants, so the sums stay in registers. */
 ALWAYS_INLINE void tile(const uint8_t *restrict row, int64_t row_bytes, int nr,
                         const float *restrict x, int nx, int64_t k, float *restrict out,
                         int64_t n, Quant t) {
@@ -102,14 +113,29 @@ ALWAYS_INLINE void tile(const uint8_t *restrict row, int64_t row_bytes, int nr,
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < nx; j++) sums[i][j] = (f32x16){0};
     const int64_t bytes = block_bytes(t);
+    const int offset = t == Q4_0 || t == Q4_1;
     for (int64_t b = 0; b < k / BLOCK; b++) {
+        f32x16 xs[XS]; /* the block's x, its 32 values added in pairs */
+        for (int j = 0; j < nx && offset; j++)
+            xs[j] = load16(x + j * k + b * BLOCK) + load16(x + j * k + b * BLOCK + LANES);
         for (int i = 0; i < nr; i++) {
-            f32x16 w[2];
-            widen_block(w, row + i * row_bytes + b * bytes, t);
+            const uint8_t *block = row + i * row_bytes + b * bytes;
+            f32x16 c[2];
+            block_codes(c, block, t);
             for (int j = 0; j < nx; j++) {
                 const float *xb = x + j * k + b * BLOCK;
-                sums[i][j] = fma16(w[0], load16(xb), sums[i][j]);
-                sums[i][j] = fma16(w[1], load16(xb + LANES), sums[i][j]);
+                if (t == I8_ROW) { /* one scale per row, applied by the caller */
+                    sums[i][j] = fma16(c[0], load16(xb), sums[i][j]);
+                    sums[i][j] = fma16(c[1], load16(xb + LANES), sums[i][j]);
+                    continue;
+                }
+                const f32x16 dot = fma16(c[1], load16(xb + LANES), c[0] * load16(xb));
+                const float d = half_at(block);
+                sums[i][j] = fma16(dot, (f32x16){0} + d, sums[i][j]);
+                if (offset) {
+                    const float m = t == Q4_1 ? half_at(block + 2) : -8.0f * d;
+                    sums[i][j] = fma16(xs[j], (f32x16){0} + m, sums[i][j]);
+                }
             }
         }
     }
