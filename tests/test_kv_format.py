@@ -284,3 +284,26 @@ def test_the_triton_int8_store_writes_the_reference_s_bytes(head_dim, num_kv_hea
     got = [torch.zeros_like(expected[0]) for _ in "kv"]
     int8_store(*got, k, v, slots)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_c_int8_store_writes_the_reference_s_bytes(dtype) -> None:
+    """The store kernel encodes int8 rows itself: the same bytes as `kv_format`'s encode,
+    on a zero row, halves, fp16-subnormal scales and a row whose scale saturates."""
+    k, v = rows(3, (9, 3, 64)), rows(4, (9, 3, 64))
+    k[0, 0] = 0  # scale 0, q 0
+    k[1, 1] = torch.arange(64) - 63.5  # absmax 63.5: scale 0.5, every x / scale a half
+    v[2, 2] = rows(5, (64,)) * 1e-4  # scale below fp16's smallest normal
+    v[3, 0] = rows(6, (64,)) * 1e9  # absmax / 127 past fp16's largest: it saturates
+    k, v = k.to(dtype), v.to(dtype)
+    slots = [4, 0, 11, 7, 2, 9, 5, 1, 10]
+    expected = [torch.zeros(3, 4, 3, 66, dtype=torch.uint8) for _ in "kv"]
+    paged_store_reference(*expected, k, v, torch.tensor(slots))
+    got = [torch.zeros_like(expected[0]) for _ in "kv"]
+    metadata = AttentionMetadata.build(
+        query_lens=[9], context_lens=[9], block_tables=[[0, 1, 2]], slot_mapping=slots
+    )
+    attention = CpuPagedAttention(TensorPool(got[0][None], got[1][None]), metadata)
+    assert attention.lib is not None  # the C kernels, not the torch fallback
+    attention.store(*got, k, v)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])

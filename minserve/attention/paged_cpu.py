@@ -6,10 +6,10 @@ prefill and extend chunks, few and long, run torch's attention as in `paged_torc
 their reference and fallback. The kernels read an fp32 or a bfloat16 pool (a bfloat16 one
 halves the bytes a decode reads; its keys and values are widened as they are read and the
 sums kept in fp32), or an 8-bit one (`kv_cache_dtype`: fp8 or int8, halving them again): its
-rows are encoded in torch (`kv_format.py`) and copied to their slots by the store kernel,
-the decode kernel widens them as it reads, a prompt's first chunk attends over its own rows
-encoded and decoded again (the values the cache holds), and every later chunk attends over
-the decoded cache as the torch reference does. Another dtype, or a
+rows are encoded on the way to their slots (int8 by the store kernel, fp8 in torch, both as
+`kv_format.py` does), the decode kernel widens them as it reads, a prompt's first chunk
+attends over its own rows encoded and decoded again (the values the cache holds), and every
+later chunk attends over the decoded cache as the torch reference does. Another dtype, or a
 machine where the library cannot be built, runs the plain-torch path for the whole step.
 """
 
@@ -24,7 +24,7 @@ from minserve.attention.metadata import AttentionMetadata, PagedKVCache, kernel_
 from minserve.attention.paged_plan import StepLayout, chunk_groups, decode_groups
 from minserve.attention.paged_torch import attend_groups, is_every_row, paged_store_reference
 from minserve.kernels.build import cpu_kernels
-from minserve.kvcache.kv_format import attention_dtype
+from minserve.kvcache.kv_format import Int8Format, attention_dtype
 
 
 class CpuPagedAttention:
@@ -63,9 +63,9 @@ class CpuPagedAttention:
         if self.lib is None:
             paged_store_reference(k_cache, v_cache, k, v, self.metadata.slot_mapping)
             return attend_groups(q, k_cache, v_cache, self.chunks, self.scale)
-        k, v = self.store(k_cache, v_cache, k, v)
+        self.store(k_cache, v_cache, k, v)
         if self.fresh and self.format.quantized:  # what the cache holds, in fp32
-            k, v = self.format.decode(k), self.format.decode(v)
+            k, v = self.format.as_stored(k), self.format.as_stored(v)
         if self.chunks:
             out = attend_groups(q, k_cache, v_cache, self.chunks, self.scale)
         elif len(self.fresh) == 1 and is_every_row(self.fresh[0], q.shape[0]):
@@ -85,18 +85,25 @@ class CpuPagedAttention:
 
     def store(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [T, Hkv, D] (rows may be strided, each row contiguous) -> their slots,
-        encoded first into an 8-bit cache's rows [T, Hkv, row]; returns what was stored."""
+    ) -> None:
+        """k, v [T, Hkv, D] (rows may be strided, each row contiguous) -> their slots, an
+        8-bit cache's rows [T, Hkv, row] encoded on the way: int8 rows in C, fp8 in torch."""
+        slots = self.metadata.slot_mapping
+        if isinstance(self.format, Int8Format) and k.dtype in INT8_STORES:
+            check_rows(k.dtype, k, v)
+            getattr(self.lib, INT8_STORES[k.dtype])(
+                k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(),
+                slots.data_ptr(), slots.numel(), k.stride(0), v.stride(0), *k.shape[1:],
+            )  # fmt: skip
+            return
         if self.format.quantized:
             k, v = self.format.encode(k), self.format.encode(v)
         check_rows(k_cache.dtype, k, v)
-        slots, size = self.metadata.slot_mapping, k.element_size()
+        size = k.element_size()
         self.lib.store_kv(
             k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
             slots.numel(), k.stride(0) * size, v.stride(0) * size, k[0].numel() * size,
         )  # fmt: skip
-        return k, v
 
     def decode(
         self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -147,6 +154,10 @@ def fresh_prefill(
     return out[0].transpose(0, 1)
 
 
+INT8_STORES = {  # the store kernel that encodes k and v of this dtype into an int8 pool
+    torch.float32: "store_kv_int8_f32",
+    torch.bfloat16: "store_kv_int8_bf16",
+}
 DECODE_KERNELS = {  # the pools `paged_attention.c` reads: its decode kernel for each
     torch.float32: "paged_decode_f32",
     torch.bfloat16: "paged_decode_bf16",

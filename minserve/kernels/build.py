@@ -32,6 +32,8 @@ FLAGS += ("-shared", "-fPIC", "-std=c11")
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {  # C function -> (restype, argtypes)
     "store_kv": (None, [_ptr] * 5 + [_i64] * 4),
+    "store_kv_int8_f32": (None, [_ptr] * 5 + [_i64] * 5),
+    "store_kv_int8_bf16": (None, [_ptr] * 5 + [_i64] * 5),
     "paged_decode_f32": (ctypes.c_int, [_ptr] * 8 + [_i64] * 8 + [ctypes.c_float]),
     "paged_decode_bf16": (ctypes.c_int, [_ptr] * 8 + [_i64] * 8 + [ctypes.c_float]),
     "paged_decode_e4m3": (ctypes.c_int, [_ptr] * 8 + [_i64] * 8 + [ctypes.c_float]),

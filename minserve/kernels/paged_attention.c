@@ -42,6 +42,72 @@ void store_kv(void *k_cache, void *v_cache, const void *k, const void *v, const 
     }
 }
 
+/* An fp16 scale's bits as a float (a normal number or zero: absmax / 127 of finite values). */
+static inline float half_scale(uint16_t h) {
+    if ((h & 0x7c00u) == 0) return (float)(h & 0x3ffu) * 0x1p-24f; /* zero, subnormals */
+    const uint32_t bits = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* The fp16 bits of a finite x in [0, 65504], rounded to nearest, ties to even (as torch's
+ * .to(torch.float16)): zero and subnormals count in steps of 2^-24 (1024 steps make the
+ * smallest normal, whose bits are 1024), normals keep 10 of float32's 23 mantissa bits. */
+static inline uint16_t half_bits(float x) {
+    if (x < 0x1p-14f) return (uint16_t)rintf(x * 0x1p24f);
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    uint32_t h = (((bits >> 23) - 112u) << 10) | ((bits & 0x7fffffu) >> 13);
+    const uint32_t rest = bits & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)h;
+}
+
+/* One KV head's D values (x, in format f) as an int8 cache row: D int8, then the fp16
+ * scale absmax / 127 (saturating at fp16's largest), q = round(x / scale) to even, in
+ * [-127, 127]; an all-zero row gets scale 0 and q 0 (`kv_format.quantize_int8`, bit for
+ * bit). */
+ALWAYS_INLINE void encode_int8_row(uint8_t *restrict out, const void *restrict x, int64_t d,
+                                   Format f) {
+    float absmax = 0.0f;
+    for (int64_t i = 0; i < d; i++) absmax = fmaxf(absmax, fabsf(load_as(x, i, f)));
+    const uint16_t h = half_bits(fminf(absmax / 127.0f, 65504.0f));
+    const float scale = half_scale(h), safe = scale > 0.0f ? scale : 1.0f;
+    for (int64_t i = 0; i < d; i++) {
+        const float q = rintf(load_as(x, i, f) / safe);
+        out[i] = (uint8_t)(int8_t)fminf(fmaxf(q, -127.0f), 127.0f);
+    }
+    memcpy(out + d, &h, sizeof h);
+}
+
+/* store_kv for an int8 cache: token t's k and v (Hkv heads of D values in format f, token
+ * strides k_tok and v_tok in elements) encoded into their slot's rows of D + 2 bytes. One
+ * call where encoding in torch takes a dozen ops per layer. */
+static void store_kv_int8(void *k_cache, void *v_cache, const void *k, const void *v,
+                          const int64_t *slots, int64_t num_tokens, int64_t k_tok,
+                          int64_t v_tok, int64_t heads, int64_t head_dim, Format f) {
+    const int64_t row = head_dim + 2;
+    for (int64_t t = 0; t < num_tokens; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t at = (slots[t] * heads + h) * row;
+            encode_int8_row((uint8_t *)k_cache + at, element_at(k, t * k_tok + h * head_dim, f),
+                            head_dim, f);
+            encode_int8_row((uint8_t *)v_cache + at, element_at(v, t * v_tok + h * head_dim, f),
+                            head_dim, f);
+        }
+}
+void store_kv_int8_f32(void *k_cache, void *v_cache, const void *k, const void *v,
+                       const int64_t *slots, int64_t num_tokens, int64_t k_tok, int64_t v_tok,
+                       int64_t heads, int64_t head_dim) {
+    store_kv_int8(k_cache, v_cache, k, v, slots, num_tokens, k_tok, v_tok, heads, head_dim, F32);
+}
+void store_kv_int8_bf16(void *k_cache, void *v_cache, const void *k, const void *v,
+                        const int64_t *slots, int64_t num_tokens, int64_t k_tok, int64_t v_tok,
+                        int64_t heads, int64_t head_dim) {
+    store_kv_int8(k_cache, v_cache, k, v, slots, num_tokens, k_tok, v_tok, heads, head_dim, BF16);
+}
+
 /* q . key, the key stored in format f. */
 ALWAYS_INLINE float dot(const float *restrict q, const void *restrict key, int64_t n, Format f) {
     float s = 0.0f;
@@ -71,15 +137,6 @@ typedef struct {
     int64_t head_dim, group;                /* group: query heads per KV head */
     int64_t row;                            /* one KV head's stored elements: D (int8: D + 2) */
 } Pass;
-
-/* An fp16 scale's bits as a float (a normal number or zero: absmax / 127 of finite values). */
-static inline float half_scale(uint16_t h) {
-    if ((h & 0x7c00u) == 0) return (float)(h & 0x3ffu) * 0x1p-24f; /* zero, subnormals */
-    const uint32_t bits = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23);
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 /* What a stored K or V row's values are multiplied by: its int8 scale, stored after its
  * head_dim values; 1 in the other formats. */

@@ -87,6 +87,10 @@ class KVFormat:
         """stored [..., Hkv, row] -> [..., Hkv, D] float32."""
         return stored.float()
 
+    def as_stored(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, Hkv, D] -> the values a cache in this format holds for it, float32."""
+        return self.decode(self.encode(x))
+
 
 @dataclass(frozen=True)
 class Fp8Format(KVFormat):
