@@ -87,6 +87,9 @@ def test_the_c_dequantization_is_the_packages_bit_for_bit(quant: str) -> None:
     values[0] = 1.5  # a block of equal values
     blocks, weights = quantized(values, quant)
     assert torch.equal(cpu_ops.dequantize_blocks(blocks, quant), weights)
+    # a bfloat16 prefill's weights: the same, rounded to nearest (ties to even) as torch does
+    widened = cpu_ops.dequantize_blocks(blocks, quant, torch.bfloat16)
+    assert torch.equal(widened, weights.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16])

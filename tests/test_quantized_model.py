@@ -21,6 +21,7 @@ from minserve.model.default_model import default_model_path
 from minserve.model.int8_linear import dequantize_int8, quantize_int8
 from minserve.model.loader import LoadedModel, load_model
 from minserve.model.quantized_linear import (
+    KERNEL_ROWS,
     QUANTS,
     QuantizedEmbedding,
     QuantizedLinear,
@@ -147,3 +148,29 @@ def test_int8_perplexity_on_the_bundled_text_is_within_two_percent_of_float32(
     want, got = (perplexity(LLM(m, max_num_seqs=4), ids, 256, 256) for m in (fp32, int8_model))
     assert got.num_scored_tokens == want.num_scored_tokens > 600
     assert abs(got.perplexity / want.perplexity - 1) < 0.02
+
+
+def test_a_bfloat16_prefill_widens_the_blocks_to_the_dense_bfloat16_weights() -> None:
+    """More rows than the C kernel takes: the blocks are widened to bfloat16 (the fp32
+    weights rounded, as the dense bfloat16 model rounds them) and multiplied in bfloat16,
+    so the prefill's logits are the dense bfloat16 model's (widening to fp32 instead moved
+    them by up to a whole logit and changed 2 of 25 greedy picks)."""
+    quantized, dense = (
+        load_model(quantization="gguf", dtype="bfloat16"),
+        load_model(dtype="bfloat16"),
+    )
+    text = ("The capital of France is Paris, and the capital of Italy is Rome. Germany has "
+            "Berlin as its capital, and Spain has")  # fmt: skip
+    ids = torch.tensor(dense.tokenizer.encode(text))
+    assert len(ids) > KERNEL_ROWS
+
+    def prefill_logits(loaded: LoadedModel) -> torch.Tensor:
+        kv = SequenceKV(loaded.config, len(ids), torch.bfloat16, torch.device("cpu"))
+        attention = ContiguousAttention([ContiguousSlice(kv, 0, len(ids))])
+        with torch.inference_mode():
+            hidden = loaded.model(ids, torch.arange(len(ids)), attention)
+            return loaded.model.compute_logits(hidden).float()  # [len, vocab]
+
+    got, want = prefill_logits(quantized), prefill_logits(dense)
+    assert (got - want).abs().max() <= 0.25  # two bfloat16 steps at the logits' size
+    assert torch.equal(got.argmax(-1), want.argmax(-1))

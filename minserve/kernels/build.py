@@ -54,6 +54,9 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "dequantize_q8_0": (None, [_ptr] * 2 + [_i64] * 2),
     "dequantize_q4_0": (None, [_ptr] * 2 + [_i64] * 2),
     "dequantize_q4_1": (None, [_ptr] * 2 + [_i64] * 2),
+    "dequantize_q8_0_bf16": (None, [_ptr] * 2 + [_i64] * 2),
+    "dequantize_q4_0_bf16": (None, [_ptr] * 2 + [_i64] * 2),
+    "dequantize_q4_1_bf16": (None, [_ptr] * 2 + [_i64] * 2),
     "bf16_logits_f32": (None, [_ptr] * 3 + [_i64] * 3),
     "screen_candidates_f32": (None, [_ptr] * 6 + [_i64] * 2),
 }

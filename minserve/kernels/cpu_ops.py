@@ -163,13 +163,17 @@ def int8_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> to
     return out
 
 
-def dequantize_blocks(blocks: torch.Tensor, quant: str) -> torch.Tensor:
-    """GGUF blocks uint8 [rows, row bytes] -> their weights fp32 [rows, in], widened by the
-    C kernel (`quant_rows.c`) with the arithmetic of the `gguf` package's dequantize."""
+def dequantize_blocks(
+    blocks: torch.Tensor, quant: str, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """GGUF blocks uint8 [rows, row bytes] -> their weights [rows, in] in `dtype` (fp32, or
+    bfloat16: the fp32 weights rounded to nearest), widened by the C kernel (`quant_rows.c`)
+    with the arithmetic of the `gguf` package's dequantize."""
     rows, row_bytes = blocks.shape
     in_features = row_bytes // QUANT_BLOCK_BYTES[quant] * QUANT_BLOCK
-    out = torch.empty((rows, in_features), dtype=torch.float32)
-    kernel = getattr(cpu_kernels(), f"dequantize_{quant.lower()}")
+    out = torch.empty((rows, in_features), dtype=dtype)
+    suffix = {torch.float32: "", torch.bfloat16: "_bf16"}[dtype]
+    kernel = getattr(cpu_kernels(), f"dequantize_{quant.lower()}{suffix}")
     kernel(out.data_ptr(), blocks.contiguous().data_ptr(), rows, in_features)
     return out
 

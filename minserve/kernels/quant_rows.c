@@ -182,14 +182,28 @@ ALWAYS_INLINE void widen_row(float *out, const uint8_t *row, int64_t k, Quant t)
     }
 }
 
-#define DEQUANTIZE(NAME, QUANT)                                                                \
-    void NAME(float *out, const uint8_t *w, int64_t n, int64_t k) {                            \
-        _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < n; r++)           \
-            widen_row(out + r * k, w + r * (k / BLOCK) * block_bytes(QUANT), k, QUANT);         \
+/* The same rounded to bfloat16 (out [n, k] as raw bits): a bfloat16 prefill's weights, half
+ * the bytes to write and read again. */
+ALWAYS_INLINE void widen_row_bf16(uint16_t *out, const uint8_t *row, int64_t k, Quant t) {
+    for (int64_t b = 0; b < k / BLOCK; b++) {
+        f32x16 w[2];
+        widen_block(w, row + b * block_bytes(t), t);
+        const u16x16 halves[2] = {narrow16(w[0]), narrow16(w[1])};
+        memcpy(out + b * BLOCK, halves, sizeof halves);
     }
-DEQUANTIZE(dequantize_q8_0, Q8_0)
-DEQUANTIZE(dequantize_q4_0, Q4_0)
-DEQUANTIZE(dequantize_q4_1, Q4_1)
+}
+
+#define DEQUANTIZE(NAME, QUANT, OUT, WIDEN)                                                    \
+    void NAME(OUT *out, const uint8_t *w, int64_t n, int64_t k) {                              \
+        _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < n; r++)           \
+            WIDEN(out + r * k, w + r * (k / BLOCK) * block_bytes(QUANT), k, QUANT);             \
+    }
+DEQUANTIZE(dequantize_q8_0, Q8_0, float, widen_row)
+DEQUANTIZE(dequantize_q4_0, Q4_0, float, widen_row)
+DEQUANTIZE(dequantize_q4_1, Q4_1, float, widen_row)
+DEQUANTIZE(dequantize_q8_0_bf16, Q8_0, uint16_t, widen_row_bf16)
+DEQUANTIZE(dequantize_q4_0_bf16, Q4_0, uint16_t, widen_row_bf16)
+DEQUANTIZE(dequantize_q4_1_bf16, Q4_1, uint16_t, widen_row_bf16)
 
 void quant_rows_q8_0(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,
                      int64_t k) {

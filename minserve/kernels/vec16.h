@@ -175,6 +175,15 @@ static inline uint16_t narrow(float v) {
     return (uint16_t)(bits >> 16);
 }
 
+/* Sixteen finite floats rounded to the nearest bfloat16, ties to even (`narrow`, lane by
+ * lane, without its NaN case). */
+static inline u16x16 narrow16(f32x16 v) {
+    u32x16 bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return __builtin_convertvector(bits >> 16, u16x16);
+}
+
 /* Element i of p set to v, rounded to p's format. */
 ALWAYS_INLINE void store_as(void *p, int64_t i, float v, Format f) {
     if (f == BF16)

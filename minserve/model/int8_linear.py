@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
 from minserve.kernels.cpu_ops import QUANT_BLOCK
+from minserve.model.quantized_linear import matmul_dtype
 
 KERNEL_ROWS = 16  # up to this many rows the C kernel reads the int8 rows; more widen them once
 INT8_MAX = 127
@@ -62,8 +63,10 @@ class Int8Linear(nn.Module):
         bias = None if self.bias is None else self.bias.float()
         if rows.shape[0] <= KERNEL_ROWS and self.kernel_applies(rows):
             out = cpu_ops.int8_rows(rows, self.qweight, self.scales)  # [N, out] fp32
-        else:  # many rows: widen the integers once for this call, scale the columns after
-            out = F.linear(rows.float(), self.qweight.float()) * self.scales
+        else:  # many rows: widen the integers once for this call (exact in bf16 too: at
+            # most 8 bits), scale the columns after
+            dtype = matmul_dtype(x)
+            out = F.linear(rows.to(dtype), self.qweight.to(dtype)).float() * self.scales
         out = out if bias is None else out + bias
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 

@@ -8,8 +8,9 @@ vLLM's `quantization="gguf"`). `LLM(model="file.gguf", quantization="gguf")` bui
 
 - `QuantizedLinear`: a decode's few rows go through the C kernel that reads the blocks
   (`kernels/quant_rows.c`); more rows (a prefill) widen the whole weight for the call and
-  run one fp32 matrix product, compute-bound there anyway. On a GPU every step runs the
-  Triton kernel that widens the blocks inside the matrix product (`triton_quant.py`).
+  run one matrix product (fp32, or bf16 in a bf16 model), compute-bound there anyway. On
+  a GPU every step runs the Triton kernel that widens the blocks inside the matrix product
+  (`triton_quant.py`).
 - `QuantizedEmbedding`: looks up the blocks of the step's token ids and widens just those.
 
 `dequantize` (`quant_blocks.py`) is the reference: the `gguf` package's arithmetic (fp16
@@ -70,15 +71,18 @@ class QuantizedLinear(nn.Module):
         elif rows.is_cuda:  # a GPU: the blocks widened inside Triton's matrix product
             out = quant_matmul(rows, self.blocks, self.quant)  # [N, out] fp32
             out = out if bias is None else out + bias
-        else:  # many rows: widen the weight once for this call
-            out = F.linear(rows.float(), self.widened(), bias)
+        else:  # many rows: widen the weight once for this call, in the step's dtype
+            dtype = matmul_dtype(x)
+            out = F.linear(rows.to(dtype), self.widened(dtype))
+            out = out if bias is None else out + bias
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
-    def widened(self) -> torch.Tensor:
-        """The weight as fp32 [out, in]: in C where it applies, else in torch."""
+    def widened(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight [out, in] in `dtype` (fp32, or bf16 rounded from it): in C where it
+        applies, else in torch."""
         if self.blocks.is_cpu and self.c_kernels and cpu_kernels() is not None:
-            return cpu_ops.dequantize_blocks(self.blocks, self.quant)
-        return dequantize(self.blocks, self.quant)
+            return cpu_ops.dequantize_blocks(self.blocks, self.quant, dtype)
+        return dequantize(self.blocks, self.quant).to(dtype)
 
     @classmethod
     def concat(cls, parts: list[QuantizedLinear]) -> QuantizedLinear:
@@ -110,6 +114,12 @@ class QuantizedEmbedding(nn.Module):
         widen = dequantize if self.codec is None else self.codec.dequantize
         rows = widen(self.blocks[ids.reshape(-1)], self.quant)  # [T, hidden] fp32
         return rows.to(self.dtype).view(*ids.shape, -1)
+
+
+def matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a prefill's widened weight is multiplied in: a bfloat16 step's own (half
+    the bytes and the CPU's bf16 matrix speed), else fp32."""
+    return torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
 
 
 def _kernel_applies(rows: torch.Tensor) -> bool:
