@@ -5,6 +5,9 @@ it. An explicit "cuda" (or "cuda:N") that cannot be used is an error naming the 
 torch build without CUDA, no device visible (no driver, a driver too old for this torch's
 CUDA, or `CUDA_VISIBLE_DEVICES` hiding them), or an index past the last device.
 
+`native_bf16` names the CPU instructions that multiply bfloat16 natively (AVX512-BF16, AMX),
+which decide whether "auto" serves bfloat16 on a CPU (`minserve/execution.py`).
+
 Each process drives one GPU: `use_device` makes it the current CUDA device, so kernels
 that launch on "the current device" (Triton, cuBLAS handles) run where the tensors are.
 Tensor-parallel ranks get one GPU each (`rank_device`); more ranks than GPUs on a node is
@@ -14,8 +17,11 @@ an error, since NCCL refuses two ranks on one GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+BF16_FLAGS = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}  # /proc/cpuinfo -> name
 
 
 @dataclass(frozen=True)
@@ -83,3 +89,18 @@ def use_device(device: torch.device) -> None:
 
 def _describe_gpu(index: int) -> str:
     return f"GPU {index} of {torch.cuda.device_count()} ({torch.cuda.get_device_name(index)})"
+
+
+def native_bf16(flags: str | None = None) -> str | None:
+    """The CPU's native bfloat16 instructions ("AMX-BF16" or "AVX512-BF16"), None where it
+    has neither or they cannot be read; `flags` is /proc/cpuinfo's flags line unless given."""
+    words = set((_cpu_flags() if flags is None else flags).split())
+    return next((name for flag, name in BF16_FLAGS.items() if flag in words), None)
+
+
+def _cpu_flags() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux: unknown, so no claim
+        return ""
+    return next((line for line in lines if line.startswith("flags")), "")

@@ -4,6 +4,8 @@
     MINSERVE_KERNEL_ROWS=N|measured  few-row linear kernel up to N rows (0: oneDNN always);
                                      default: measured per layer shape at load
     MINSERVE_GREEDY_SCREEN=0|1       greedy tokens through the head's bf16 screen; default 1
+    MINSERVE_CPU_BF16=0|1            dtype "auto" is bfloat16 on a CPU with native bfloat16
+                                     (0: float32, as the tests pin it); default 1
     MINSERVE_KERNEL_CACHE=DIR        where the compiled C kernels are kept;
                                      default ~/.cache/minserve/kernels
 
@@ -20,6 +22,7 @@ from typing import Literal
 
 C_KERNELS, KERNEL_ROWS = "MINSERVE_C_KERNELS", "MINSERVE_KERNEL_ROWS"
 GREEDY_SCREEN, KERNEL_CACHE = "MINSERVE_GREEDY_SCREEN", "MINSERVE_KERNEL_CACHE"
+CPU_BF16 = "MINSERVE_CPU_BF16"
 MEASURED = "measured"
 
 LinearRows = int | Literal["measured"]

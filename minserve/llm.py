@@ -50,9 +50,10 @@ class LLM:
 
     model: a .gguf file or a Hugging Face checkpoint folder; None means the bundled
     SmolLM2-135M-Instruct; an already loaded model (`other_llm.loaded`) is shared, not
-    loaded again (leave dtype and device as "auto" then). dtype: "auto" (fp32 on CPU,
-    bf16 on GPU), "float32", "bfloat16" or "float16". The other options are vLLM's (see
-    docs/engine.md); engine="reference" runs the contiguous-KV reference path instead (the oracle).
+    loaded again (leave dtype and device as "auto" then). dtype: "auto" (bf16 on a GPU
+    and on a CPU with native bfloat16, else fp32), "float32", "bfloat16" or "float16". The
+    other options are vLLM's (see docs/engine.md); engine="reference" runs the
+    contiguous-KV reference path instead (the oracle).
     tensor_parallel_size=N splits the model over N processes (docs/distributed.md); call
     `shutdown()` when done; tensor_parallel_layers names the module whose parallel layers
     every rank builds its shard with (chapter 07: "exercises.ch07_parallel_linear").

@@ -1,5 +1,6 @@
-"""Test-wide settings: nothing downloads, and Triton kernels run in the interpreter on a CPU
-(on a GPU they compile, as they do when serving)."""
+"""Test-wide settings: nothing downloads, Triton kernels run in the interpreter on a CPU (on
+a GPU they compile, as they do when serving), and dtype "auto" is float32 on every CPU, so
+the parity tests compare fp32 with fp32 on any machine (the tests of bfloat16 ask for it)."""
 
 import os
 
@@ -7,6 +8,7 @@ import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["MINSERVE_CPU_BF16"] = "0"  # inherited by the servers, workers and notebooks run
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import minserve
-from minserve import environment
+from minserve import environment, execution
+from minserve.device import native_bf16
 from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cache_dir, cpu_kernels
@@ -32,7 +33,9 @@ C_KERNEL_OPS = ("rms_norm", "rope", "silu_mul", "linear_rows", "bf16_logits")
 
 
 def cpu(**environ: str) -> ExecutionConfig:
-    return resolve_execution("cpu", environ=environ)
+    """The CPU's config under `environ`, "auto" held at fp32 (as every test holds it) unless
+    environ says otherwise."""
+    return resolve_execution("cpu", environ={"MINSERVE_CPU_BF16": "0", **environ})
 
 
 # --- resolution -----------------------------------------------------------------------------
@@ -48,6 +51,43 @@ def test_the_defaults_on_a_cpu_are_every_c_path() -> None:
     assert config.c_kernels_missing is None
 
 
+@pytest.mark.parametrize(
+    ("flags", "feature"),
+    [
+        ("flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni", "AVX512-BF16"),
+        ("flags\t\t: fpu avx512_bf16 amx_bf16 amx_tile", "AMX-BF16"),
+        ("flags\t\t: fpu avx2 avx512f avx512_vnni", None),  # AVX-512 without bf16
+        ("", None),  # unknown: no claim
+    ],
+)
+def test_native_bfloat16_is_read_from_the_cpu_flags(flags: str, feature: str | None) -> None:
+    assert native_bf16(flags) == feature
+
+
+def test_auto_is_bfloat16_on_a_cpu_that_multiplies_it_natively(monkeypatch) -> None:
+    monkeypatch.setattr(execution, "native_bf16", lambda: "AVX512-BF16")
+    config = resolve_execution("cpu", environ={})
+    if not can_prepack(torch.device("cpu"), torch.bfloat16):
+        assert config.dtype == torch.float32  # oneDNN could not serve it
+        assert config.dtype_why == "auto: oneDNN cannot pack bfloat16 weights here"
+        return
+    assert (config.dtype, config.dtype_why) == (torch.bfloat16, "auto: the CPU has AVX512-BF16")
+    assert " dtype=bfloat16(auto: the CPU has AVX512-BF16) " in config.summary()
+    assert config.kv_format.storage_dtype == torch.bfloat16 and config.linear_rows == "measured"
+    held = {"MINSERVE_CPU_BF16": "0"}, {"MINSERVE_C_KERNELS": "0"}
+    whys = [resolve_execution("cpu", environ=env).dtype_why for env in held]
+    assert whys == ["auto: MINSERVE_CPU_BF16=0", "auto: the C kernels that serve bfloat16 are off"]
+    asked = resolve_execution("cpu", "float32", environ={})
+    assert (asked.dtype, asked.dtype_why) == (torch.float32, "as asked")
+
+
+def test_auto_is_float32_on_a_cpu_without_native_bfloat16(monkeypatch) -> None:
+    monkeypatch.setattr(execution, "native_bf16", lambda: None)
+    config = resolve_execution("cpu", environ={})
+    assert config.dtype == torch.float32 and config.greedy_screen
+    assert config.dtype_why == "auto: no native bfloat16 on this CPU (AVX512-BF16 or AMX)"
+
+
 def test_auto_means_the_gpu_where_there_is_one() -> None:
     config = resolve_execution(environ={})
     assert config.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -57,6 +97,7 @@ def test_a_gpu_gets_triton_bfloat16_and_no_c_paths(gpus) -> None:
     gpus(1)  # a simulated GPU: resolving touches no device
     config = resolve_execution("cuda", environ={})
     assert (config.dtype, config.attention) == (torch.bfloat16, "triton")
+    assert config.dtype_why == "auto: a GPU"
     assert not (config.c_kernels or config.prepack or config.greedy_screen)
     assert config.linear_rows == 0
 
@@ -110,6 +151,7 @@ def test_the_process_environment_is_read_when_none_is_given(monkeypatch, tmp_pat
         ("MINSERVE_C_KERNELS", "yes", "expected 0 .off. or 1 .on."),
         ("MINSERVE_C_KERNELS", "2", "expected 0 .off. or 1 .on."),
         ("MINSERVE_GREEDY_SCREEN", "off", "expected 0 .off. or 1 .on."),
+        ("MINSERVE_CPU_BF16", "bf16", "expected 0 .off. or 1 .on."),
         (
             "MINSERVE_KERNEL_ROWS",
             "-1",
@@ -177,7 +219,10 @@ def test_the_llm_logs_its_config_once_and_returns_it(tiny_model, caplog) -> None
     config = llm.get_execution_config()
     assert lines == [config.summary()] and config is llm.engine.execution
     assert lines[0].startswith("execution: device=cpu(auto: ")  # which device, and why
-    assert " dtype=float32 attention=cpu c_kernels=on prepack=on linear_rows=measured(" in lines[0]
+    assert (
+        " dtype=float32(auto: MINSERVE_CPU_BF16=0) attention=cpu c_kernels=on prepack=on "
+        "linear_rows=measured(" in lines[0]
+    )
     linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
     assert dict(config.rows_by_shape) == {  # what the loader set on each layer shape
         f"{m.in_features}x{m.out_features}": m.kernel_rows for m in linears
