@@ -103,11 +103,14 @@ def test_fewer_bytes_reads_targets_and_floors_from_its_rows() -> None:
         {"config": "vllm bf16", "workload": "offline", "tok_s": 200.0},
         {"config": "minserve bf16", "workload": "batch1", "tok_s": 50.0, "share_of_floor": 0.4},
         {"config": "vllm bf16", "workload": "batch1", "status": "failed"},
+        {"config": "minserve gguf", "workload": "offline", "tok_s": 150.0},
+        {"config": "minserve gguf bf16", "workload": "offline", "tok_s": 250.0},
     ]
     verdicts = {name: (got, met) for name, got, _, met in targets(rows)}
     assert verdicts["offline bf16 vs vLLM bf16"] == (1.5, True)
     assert verdicts["batch-1 bf16, share of the bandwidth floor"] == (0.4, False)
-    assert verdicts["batch-1 gguf vs vLLM bf16 batch-1"] == (None, None)
+    assert verdicts["batch-1 minserve gguf vs vLLM bf16 batch-1"] == (None, None)
+    assert verdicts["offline minserve gguf bf16 vs vLLM bf16"] == (1.25, True)  # the better
     by_name = {c.name: c for c in CONFIGS}
     summary = "quantization=gguf(Q4_1:210; weights 92.0 MiB)"
     gguf = OfflineResult("minserve", "float32", "ok", 1, 1, 1.0, details={"execution": summary})
