@@ -83,10 +83,15 @@ class Step:
     full_v: list[torch.Tensor]
 
     def run(
-        self, layer: int = 1, scale: float | None = None, backend: type = TorchPagedAttention
+        self,
+        layer: int = 1,
+        scale: float | None = None,
+        backend: type = TorchPagedAttention,
+        q: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The step through `backend`, with the step's queries or `q`."""
         attention = backend(self.pool, self.metadata, scale)
-        return attention(layer, self.q, self.k, self.v)
+        return attention(layer, self.q if q is None else q, self.k, self.v)
 
     def expected(self, q_scale: float = 1.0) -> torch.Tensor:
         """The oracle, in fp32, one sequence at a time on contiguous K/V."""
@@ -286,6 +291,17 @@ def test_bf16_stays_close_to_fp32_oracle(block_size: int, backend: type) -> None
     out = step.run(backend=backend)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), step.expected(), **BF16_TOL)
+
+
+@pytest.mark.parametrize("contexts", [[37], [5, 40, 17]])  # a task per KV head, per sequence
+def test_the_c_kernel_decodes_bf16_rows_as_the_fp32_kernel_rounded(contexts: list[int]) -> None:
+    """A bfloat16 step's queries go to the C decode as they are: each task widens its rows
+    and rounds its outputs, bit for bit the fp32 kernel on the widened queries, rounded."""
+    step = make_step([Seq(n, 1) for n in contexts], 16, 9, 3, 64, dtype=torch.bfloat16)
+    got = step.run(backend=CpuPagedAttention)  # [T, Hq, D] bf16
+    widened = step.run(backend=CpuPagedAttention, q=step.q.float())  # fp32 queries, same pool
+    assert got.dtype == torch.bfloat16 and widened.dtype == torch.float32
+    assert torch.equal(got, widened.to(torch.bfloat16))
 
 
 def test_stale_slots_past_each_context_are_never_read(backend: type) -> None:

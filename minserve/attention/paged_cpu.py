@@ -109,21 +109,23 @@ class CpuPagedAttention:
         self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> None:
         """Every decode's attention, written into its row of `out` [T, Hq, D]. The kernel
-        takes fp32 queries and outputs: a bfloat16 step's are converted on the way."""
+        takes fp32 or bfloat16 queries and outputs (each task widens its few query rows);
+        a float16 step's are converted on the way."""
         kernel = getattr(self.lib, DECODE_KERNELS[k_cache.dtype])
-        if q.dtype != torch.float32:
+        if q.dtype not in (torch.float32, torch.bfloat16):
             q32, out32 = q.float(), torch.empty(q.shape, dtype=torch.float32)  # [T, Hq, D]
             self.run_decode(kernel, out32, q32, k_cache, v_cache)
             out[self.decode_rows] = out32[self.decode_rows].to(out.dtype)
         else:
-            check_rows(torch.float32, q, out)
+            check_rows(q.dtype, q, out)
             self.run_decode(kernel, out, q, k_cache, v_cache)
 
     def run_decode(
         self, kernel: Callable[..., int], out: torch.Tensor, q: torch.Tensor,
         k_cache: torch.Tensor, v_cache: torch.Tensor,
     ) -> None:  # fmt: skip
-        """One call of the decode kernel: q, out fp32 [T, Hq, D]; the pool in its dtype."""
+        """One call of the decode kernel: q, out fp32 or bf16 [T, Hq, D]; the pool in its
+        dtype."""
         _, num_heads, head_dim = q.shape
         block_size, num_kv_heads = k_cache.shape[1:3]
         scale = self.scale if self.scale is not None else head_dim**-0.5
@@ -132,7 +134,7 @@ class CpuPagedAttention:
             self.tables.data_ptr(), self.context_lens.data_ptr(),
             self.decode_seqs.data_ptr(), self.decode_rows.data_ptr(), self.decode_seqs.numel(),
             q.stride(0), out.stride(0), self.tables.stride(0), block_size,
-            num_heads, num_kv_heads, head_dim, scale,
+            num_heads, num_kv_heads, head_dim, scale, int(q.dtype == torch.bfloat16),
         )  # fmt: skip
         if status != 0:
             raise MemoryError("the paged decode kernel could not allocate its score buffers")

@@ -13,7 +13,9 @@
  *                     8 bits (`kv_format.py`): fp8 e4m3 / e5m2 (`paged_decode_e4m3`, `_e5m2`)
  *                     or int8 (`paged_decode_i8`), its row D values then an fp16 scale
  *                     (row = D + 2 bytes), the scale applied to each dot product and weight
- *   q, out            [T, Hq, D] fp32, token stride q_tok, out_tok; heads and D contiguous
+ *   q, out            [T, Hq, D] fp32, or bfloat16 where `io_bf16` (a bfloat16 model's step:
+ *                     each task widens its query rows and rounds its output rows back),
+ *                     token stride q_tok, out_tok; heads and D contiguous
  *   block_tables      [num_seqs, max_blocks] int32, row stride bt_stride
  * Query head h reads KV head h / (Hq / Hkv) (grouped-query attention). Each (sequence, KV
  * head) pair is one task for OpenMP: the pair's query heads share every K/V row it reads.
@@ -346,17 +348,33 @@ static const TaskFn TASKS[] = {
     [E5M2] = decode_task_e5m2, [I8] = decode_task_i8,
 };
 
+/* A task of a bfloat16 model's step: its query rows widened to fp32, the fp32 task run on
+ * them, its output rows rounded back to bfloat16 (`n` values each way: the task's heads of
+ * one token, a few hundred). Returns 0, or 1 when scratch memory ran out. */
+static int bf16_task(uint16_t *out, const uint16_t *q, const void *k_cache, const void *v_cache,
+                     const Pass *pass, float scale, TaskFn run, int64_t n) {
+    float *rows = malloc(2 * n * sizeof(float)); /* [query rows | output rows] */
+    if (rows == NULL) return 1;
+    for (int64_t i = 0; i < n; i++) rows[i] = widen(q[i]);
+    const int failed = run(rows + n, rows, k_cache, v_cache, pass, scale);
+    for (int64_t i = 0; i < n; i++) out[i] = narrow(rows[n + i]);
+    free(rows);
+    return failed;
+}
+
 /* Decode attention for `num_decodes` sequences: sequence seqs[i] has its query token at row
  * rows[i], its blocks in block_tables[seqs[i]] and context_lens[seqs[i]] keys (its own new
- * key included, already stored). One task per sequence, reading each slot's KV heads as one
- * run; with fewer sequences than threads, one task per (sequence, KV head) instead, so that
- * every thread has work. Returns 0, or -1 when scratch memory ran out. */
-static int paged_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
+ * key included, already stored). q and out are fp32, or bfloat16 where `io_bf16` (a
+ * bfloat16 model's step, whatever the cache's format). One task per sequence, reading each
+ * slot's KV heads as one run; with fewer sequences than threads, one task per (sequence, KV
+ * head) instead, so that every thread has work. Returns 0, or -1 when scratch memory ran
+ * out. */
+static int paged_decode(void *out, const void *q, const void *k_cache, const void *v_cache,
                         const int32_t *block_tables, const int32_t *context_lens,
                         const int64_t *seqs, const int64_t *rows, int64_t num_decodes,
                         int64_t q_tok, int64_t out_tok, int64_t bt_stride, int64_t block_size,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                        Format f) {
+                        int64_t io_bf16, Format f) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t per_task = num_decodes >= omp_get_max_threads() ? num_kv_heads : 1;
     const int64_t tasks_per_seq = num_kv_heads / per_task;
@@ -374,44 +392,31 @@ static int paged_decode(float *out, const float *q, const void *k_cache, const v
             .head_dim = head_dim, .group = group, .row = row,
         };
         const int64_t first_row = pass.first * group * head_dim; /* its query heads, in a row */
-        failed |= run(out + rows[i] * out_tok + first_row, q + rows[i] * q_tok + first_row,
-                      k_cache, v_cache, &pass, scale);
+        const int64_t at_q = rows[i] * q_tok + first_row, at_out = rows[i] * out_tok + first_row;
+        if (io_bf16)
+            failed |= bf16_task((uint16_t *)out + at_out, (const uint16_t *)q + at_q, k_cache,
+                                v_cache, &pass, scale, run, per_task * group * head_dim);
+        else
+            failed |= run((float *)out + at_out, (const float *)q + at_q, k_cache, v_cache,
+                          &pass, scale);
     }
     return failed ? -1 : 0;
 }
 
-int paged_decode_f32(float *out, const float *q, const float *k_cache, const float *v_cache,
-                     const int32_t *block_tables, const int32_t *context_lens,
-                     const int64_t *seqs, const int64_t *rows, int64_t num_decodes,
-                     int64_t q_tok, int64_t out_tok, int64_t bt_stride, int64_t block_size,
-                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) {
-    return paged_decode(out, q, k_cache, v_cache, block_tables, context_lens, seqs, rows,
-                        num_decodes, q_tok, out_tok, bt_stride, block_size, num_heads,
-                        num_kv_heads, head_dim, scale, F32);
-}
-
-int paged_decode_bf16(float *out, const float *q, const uint16_t *k_cache,
-                      const uint16_t *v_cache, const int32_t *block_tables,
-                      const int32_t *context_lens, const int64_t *seqs, const int64_t *rows,
-                      int64_t num_decodes, int64_t q_tok, int64_t out_tok, int64_t bt_stride,
-                      int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
-                      int64_t head_dim, float scale) {
-    return paged_decode(out, q, k_cache, v_cache, block_tables, context_lens, seqs, rows,
-                        num_decodes, q_tok, out_tok, bt_stride, block_size, num_heads,
-                        num_kv_heads, head_dim, scale, BF16);
-}
-
-/* The 8-bit caches (`kv_format.py`): bytes widened to fp32 as they are read. */
-#define PAGED_DECODE_8BIT(name, format)                                                       \
-    int name(float *out, const float *q, const uint8_t *k_cache, const uint8_t *v_cache,     \
+/* One entry point per cache format (fp32, bfloat16, then the 8-bit ones of `kv_format.py`,
+ * their bytes widened to fp32 as they are read). */
+#define PAGED_DECODE(name, cache_t, format)                                                   \
+    int name(void *out, const void *q, const cache_t *k_cache, const cache_t *v_cache,       \
              const int32_t *block_tables, const int32_t *context_lens, const int64_t *seqs,  \
              const int64_t *rows, int64_t num_decodes, int64_t q_tok, int64_t out_tok,       \
              int64_t bt_stride, int64_t block_size, int64_t num_heads, int64_t num_kv_heads, \
-             int64_t head_dim, float scale) {                                                \
+             int64_t head_dim, float scale, int64_t io_bf16) {                               \
         return paged_decode(out, q, k_cache, v_cache, block_tables, context_lens, seqs,      \
                             rows, num_decodes, q_tok, out_tok, bt_stride, block_size,        \
-                            num_heads, num_kv_heads, head_dim, scale, format);               \
+                            num_heads, num_kv_heads, head_dim, scale, io_bf16, format);      \
     }
-PAGED_DECODE_8BIT(paged_decode_e4m3, E4M3)
-PAGED_DECODE_8BIT(paged_decode_e5m2, E5M2)
-PAGED_DECODE_8BIT(paged_decode_i8, I8)
+PAGED_DECODE(paged_decode_f32, float, F32)
+PAGED_DECODE(paged_decode_bf16, uint16_t, BF16)
+PAGED_DECODE(paged_decode_e4m3, uint8_t, E4M3)
+PAGED_DECODE(paged_decode_e5m2, uint8_t, E5M2)
+PAGED_DECODE(paged_decode_i8, uint8_t, I8)
