@@ -40,6 +40,7 @@ KV8_BACKENDS = (
     "per-sequence",
 )  # the backends that read an 8-bit KV cache
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+NO_NATIVE_BF16 = "no native bfloat16 on this CPU (AVX512-BF16 or AMX)"
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def _cpu_bf16(wanted: bool, c_kernels: bool, device: torch.device) -> tuple[str 
         return None, f"{CPU_BF16}=0"
     feature = native_bf16()
     if feature is None:
-        return None, "no native bfloat16 on this CPU (AVX512-BF16 or AMX)"
+        return None, NO_NATIVE_BF16
     if not c_kernels:
         return None, "the C kernels that serve bfloat16 are off"
     if not can_prepack(device, torch.bfloat16):
@@ -180,7 +181,7 @@ def resolve_dtype(
     dtype: str | torch.dtype,
     device: torch.device,
     cpu_bf16: str | None = None,
-    why_not_bf16: str = "a CPU",
+    why_not_bf16: str = NO_NATIVE_BF16,
 ) -> tuple[torch.dtype, str]:
     """`dtype` and why it is that one. "auto" is bf16 on a GPU, and on a CPU whose native
     bfloat16 instructions `cpu_bf16` names ("AVX512-BF16", "AMX-BF16") where the C kernels
