@@ -277,7 +277,7 @@ def test_mixed_batch_matches_oracle_in_any_order(
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(3, 3), (9, 3), (8, 2)])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(3, 3), (9, 3), (8, 2), (14, 2)])
 def test_real_head_dims_match_oracle(
     head_dim: int, num_heads: int, num_kv_heads: int, backend: type
 ) -> None:
@@ -294,14 +294,20 @@ def test_bf16_stays_close_to_fp32_oracle(block_size: int, backend: type) -> None
 
 
 @pytest.mark.parametrize("contexts", [[37], [5, 40, 17]])  # a task per KV head, per sequence
-def test_the_c_kernel_decodes_bf16_rows_as_the_fp32_kernel_rounded(contexts: list[int]) -> None:
-    """A bfloat16 step's queries go to the C decode as they are: each task widens its rows
-    and rounds its outputs, bit for bit the fp32 kernel on the widened queries, rounded."""
+def test_the_c_kernel_decodes_bf16_rows_within_a_rounding_of_the_fp32_kernel(
+    contexts: list[int],
+) -> None:
+    """A bfloat16 step's queries go to the C decode as they are: each task reads them as
+    stored (products in pairs, where the CPU has AVX512-BF16) or widens them, and rounds its
+    outputs once, so each output is the fp32 kernel's on the widened queries, rounded, give or
+    take that one rounding (the fp32 sums differ only in order)."""
     step = make_step([Seq(n, 1) for n in contexts], 16, 9, 3, 64, dtype=torch.bfloat16)
     got = step.run(backend=CpuPagedAttention)  # [T, Hq, D] bf16
     widened = step.run(backend=CpuPagedAttention, q=step.q.float())  # fp32 queries, same pool
     assert got.dtype == torch.bfloat16 and widened.dtype == torch.float32
-    assert torch.equal(got, widened.to(torch.bfloat16))
+    one_rounding = widened.abs() * 2.0**-7 + 1e-6  # a bf16 step at |x|, and the sums' order
+    assert ((got.float() - widened).abs() <= one_rounding).all()
+    assert (got == widened.to(torch.bfloat16)).float().mean() > 0.99  # most round alike
 
 
 def test_stale_slots_past_each_context_are_never_read(backend: type) -> None:

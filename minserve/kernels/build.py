@@ -46,7 +46,7 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "silu_mul_f32": (None, [_ptr] * 2 + [_i64] * 4),
     "silu_mul_bf16": (None, [_ptr] * 2 + [_i64] * 4),
     "linear_rows_f32": (None, [_ptr] * 4 + [_i64] * 3),
-    "linear_rows_bf16": (None, [_ptr] * 4 + [_i64] * 3),
+    "linear_rows_bf16": (ctypes.c_int, [_ptr] * 4 + [_i64] * 3),
     "quant_rows_q8_0": (None, [_ptr] * 3 + [_i64] * 3),
     "quant_rows_q4_0": (None, [_ptr] * 3 + [_i64] * 3),
     "quant_rows_q4_1": (None, [_ptr] * 3 + [_i64] * 3),

@@ -98,20 +98,23 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """A few rows through a linear layer: x [N, in] . weight [out, in]^T (+ bias [out]) ->
     [N, out] in x's dtype, the weight streamed once (`linear_rows.c`).
 
-    An fp32 weight is read as it is; a bfloat16 one as its raw bits, widened in the kernel,
-    with x taken to fp32 first and the fp32 sums rounded back to bfloat16 at the end: the
-    products and sums of torch's bfloat16 linear, in another order."""
-    kernels = cpu_kernels()
-    kernel = kernels.linear_rows_bf16 if weight.dtype is torch.bfloat16 else kernels.linear_rows_f32
-    x32 = x.to(torch.float32).contiguous()  # [N, in]; x itself when it is fp32 and contiguous
-    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    x, weight, bias and the output are all fp32 or all bfloat16. A bfloat16 weight is read as
+    its raw bits and widened in the kernel, x widened once, and the fp32 sums rounded back to
+    bfloat16 at the end: the products and sums of torch's bfloat16 linear, in another order."""
+    x = x.contiguous()  # [N, in]
+    if bias is not None:
+        bias = bias.to(x.dtype).contiguous()  # [out]; itself in the usual case
     num_rows, out_features = x.shape[0], weight.shape[0]
-    out = torch.empty((num_rows, out_features), dtype=torch.float32)
-    kernel(
-        out.data_ptr(), x32.data_ptr(), weight.data_ptr(),
-        None if bias32 is None else bias32.data_ptr(), num_rows, out_features, weight.shape[1],
+    out = torch.empty((num_rows, out_features), dtype=x.dtype)
+    kernels = cpu_kernels()
+    kernel = kernels.linear_rows_bf16 if x.dtype is torch.bfloat16 else kernels.linear_rows_f32
+    status = kernel(
+        out.data_ptr(), x.data_ptr(), weight.data_ptr(),
+        None if bias is None else bias.data_ptr(), num_rows, out_features, weight.shape[1],
     )  # fmt: skip
-    return out.to(x.dtype)
+    if status:  # the bfloat16 kernel's scratch for the widened rows
+        raise MemoryError(f"linear_rows could not allocate scratch for {num_rows} rows")
+    return out
 
 
 QUANT_BLOCK = 32  # weights per GGUF block

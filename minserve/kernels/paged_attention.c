@@ -14,8 +14,9 @@
  *                     or int8 (`paged_decode_i8`), its row D values then an fp16 scale
  *                     (row = D + 2 bytes), the scale applied to each dot product and weight
  *   q, out            [T, Hq, D] fp32, or bfloat16 where `io_bf16` (a bfloat16 model's step:
- *                     each task widens its query rows and rounds its output rows back),
- *                     token stride q_tok, out_tok; heads and D contiguous
+ *                     each task reads its query rows as they are against a bfloat16 cache on
+ *                     a CPU with AVX512-BF16, else widens them, and rounds its output rows
+ *                     back), token stride q_tok, out_tok; heads and D contiguous
  *   block_tables      [num_seqs, max_blocks] int32, row stride bt_stride
  * Query head h reads KV head h / (Hq / Hkv) (grouped-query attention). Each (sequence, KV
  * head) pair is one task for OpenMP: the pair's query heads share every K/V row it reads.
@@ -200,18 +201,57 @@ ALWAYS_INLINE void chunk_slots(const void *slot[LANES], const void *cache, const
     for (int64_t t = n; t < LANES; t++) slot[t] = slot[0];
 }
 
+/* Sixteen keys' products with one query row, lane-wise, added into parts[REVERSED[t]] for
+ * key t (lane_sums16 finishes the dot products): the query row fp32 and each key widened from
+ * format f as it is read; or, where `pairs` (a bfloat16 query row against a bfloat16 cache,
+ * head_dim a multiple of 32, AVX512-BF16), both read as stored: each vdpbf16ps multiplies 32
+ * pairs of bfloat16 exactly and adds each pair's two products into one fp32 lane, a quarter
+ * of the instructions widening takes (the fp32 sums in another order; subnormal inputs read
+ * as zero). */
+ALWAYS_INLINE void multiply_keys(f32x16 parts[LANES], const void *qr, const void *slot[LANES],
+                                 int64_t head, int64_t head_dim, Format f, int pairs) {
+#if defined(__AVX512BF16__)
+    if (pairs) {
+        for (int64_t c = 0; c < head_dim; c += 2 * LANES) {
+            const __m512bh qc = (__m512bh)_mm512_loadu_si512((const uint16_t *)qr + c);
+            for (int t = 0; t < LANES; t++) {
+                const __m512bh kc =
+                    (__m512bh)_mm512_loadu_si512((const uint16_t *)slot[t] + head + c);
+                parts[REVERSED[t]] =
+                    (f32x16)_mm512_dpbf16_ps((__m512)parts[REVERSED[t]], qc, kc);
+            }
+        }
+        return;
+    }
+#endif
+    for (int64_t c = 0; c < head_dim; c += LANES) {
+        const f32x16 qc = load16((const float *)qr + c);
+        for (int t = 0; t < LANES; t++) parts[REVERSED[t]] += qc * load16_as(slot[t], head + c, f);
+    }
+}
+
+/* True where multiply_keys can take bfloat16 query rows as they are (see there). */
+static int reads_pairs(int64_t head_dim) {
+#if defined(__AVX512BF16__)
+    return head_dim % (2 * LANES) == 0;
+#else
+    (void)head_dim;
+    return 0;
+#endif
+}
+
 /* score_each_key for head_dim a multiple of 16, sixteen keys at a time: each query row's
  * sixteen products stay as vectors and are summed together (lane_sums16), not one lane sum
  * per key, which was most of the work at head_dim 64. The next sixteen keys' slots are found
  * and fetched meanwhile (blocks sit anywhere in the pool, so the hardware cannot guess them),
- * and kept for the next round. */
-ALWAYS_INLINE void score_keys(float *scores, const float *q, const void *k_cache,
-                              const Pass *p, float scale, Format f) {
+ * and kept for the next round. q is fp32, or bfloat16 where `pairs` (multiply_keys). */
+ALWAYS_INLINE void score_keys(float *scores, const void *q, const void *k_cache,
+                              const Pass *p, float scale, Format f, int pairs) {
     if (p->head_dim % LANES != 0) {
         score_each_key(scores, q, k_cache, p, scale, f);
         return;
     }
-    const int64_t rows = p->count * p->group, vecs = p->head_dim / LANES;
+    const int64_t rows = p->count * p->group, q_bytes = pairs ? 2 : 4;
     const int64_t span = p->count * p->row * format_bytes(f);
     const void *slot[LANES], *next[LANES];
     chunk_slots(slot, k_cache, p, 0, p->context < LANES ? p->context : LANES, f);
@@ -223,18 +263,14 @@ ALWAYS_INLINE void score_keys(float *scores, const float *q, const void *k_cache
             for (int64_t t = 0; t < ahead; t++) prefetch_rows(next[t], span);
         }
         for (int64_t r = 0; r < rows; r++) {
-            const float *qr = q + r * p->head_dim;
-            const int64_t head = (r / p->group) * p->row;
+            const void *qr = (const char *)q + r * p->head_dim * q_bytes;
             f32x16 parts[LANES] = {0};
-            for (int64_t c = 0; c < vecs; c++) {
-                const f32x16 qc = load16(qr + c * LANES);
-                for (int t = 0; t < LANES; t++)
-                    parts[REVERSED[t]] += qc * load16_as(slot[t], head + c * LANES, f);
-            }
+            multiply_keys(parts, qr, slot, (r / p->group) * p->row, p->head_dim, f, pairs);
             f32x16 s = lane_sums16(parts) * scale; /* lane t: key t */
             if (f == I8)
                 for (int t = 0; t < LANES; t++)
-                    s[t] *= row_scale(element_at(slot[t], head, f), p->head_dim, f);
+                    s[t] *= row_scale(element_at(slot[t], (r / p->group) * p->row, f),
+                                      p->head_dim, f);
             memcpy(scores + r * p->context + j0, &s, n * sizeof(float));
         }
         if (ahead > 0) memcpy(slot, next, sizeof slot);
@@ -282,13 +318,9 @@ ALWAYS_INLINE void weigh_each_value(float *out, const float *probs, const void *
  * output held in registers over the whole context instead of loaded and stored for every
  * value row (the rows a KV head's queries share come from L1 or L2 the second time). */
 enum { MAX_VECS = 8 };
-ALWAYS_INLINE void weigh_values(float *out, const float *probs, const void *v_cache,
-                                const Pass *p, Format f) {
+ALWAYS_INLINE void weigh_each_row(float *out, const float *probs, const void *v_cache,
+                                  const Pass *p, Format f) {
     const int64_t vecs = p->head_dim / LANES;
-    if (p->head_dim % LANES != 0 || vecs > MAX_VECS) {
-        weigh_each_value(out, probs, v_cache, p, f);
-        return;
-    }
     for (int64_t r = 0; r < p->count * p->group; r++) {
         const float *pr = probs + r * p->context;
         const int64_t head = (r / p->group) * p->row;
@@ -306,14 +338,72 @@ ALWAYS_INLINE void weigh_values(float *out, const float *probs, const void *v_ca
     }
 }
 
-/* One task of the decode: its sequence's Pass, its query rows at q, its output rows at out.
- * Returns 0, or 1 when scratch memory ran out. */
-ALWAYS_INLINE int decode_task(float *out, const float *q, const void *k_cache,
-                              const void *v_cache, const Pass *pass, float scale, Format f) {
+/* Query rows r .. r + nr - 1, all of one KV head, against its values: each value row read and
+ * widened once for the nr rows (nr * vecs sums and vecs values in registers, nr and vecs
+ * constants where this is inlined). */
+ALWAYS_INLINE void weigh_rows(float *out, const float *probs, const void *v_cache,
+                              const Pass *p, int64_t r, int nr, int vecs, Format f) {
+    const int64_t head = (r / p->group) * p->row;
+    f32x16 sums[4][MAX_VECS] = {{0}};
+    for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
+        const void *slot = element_at(block_at(v_cache, p, b, f), head, f);
+        for (int64_t j = 0; j < tokens_in(p, b); j++) {
+            const float row_weight = row_scale(slot, p->head_dim, f);
+            f32x16 value[MAX_VECS];
+            for (int c = 0; c < vecs; c++) value[c] = load16_as(slot, c * LANES, f);
+            for (int g = 0; g < nr; g++) {
+                const f32x16 weight =
+                    (f32x16){0} + probs[(r + g) * p->context + j0 + j] * row_weight;
+                for (int c = 0; c < vecs; c++) sums[g][c] += weight * value[c];
+            }
+            slot = element_at(slot, p->token_row, f);
+        }
+    }
+    for (int g = 0; g < nr; g++) memcpy(out + (r + g) * p->head_dim, sums[g], vecs * 64);
+}
+
+/* weigh_rows over every KV head of the task, `most` of a head's query rows at a time (its
+ * group may be larger), for head_dim = vecs * 16. */
+ALWAYS_INLINE void weigh_groups(float *out, const float *probs, const void *v_cache,
+                                const Pass *p, int vecs, int most, Format f) {
+    for (int64_t r = 0; r < p->count * p->group;) {
+        const int64_t left = p->group - r % p->group; /* rows of this head not yet weighed */
+        const int nr = left < most ? (int)left : most;
+        switch (nr) {
+        case 1: weigh_rows(out, probs, v_cache, p, r, 1, vecs, f); break;
+        case 2: weigh_rows(out, probs, v_cache, p, r, 2, vecs, f); break;
+        case 3: weigh_rows(out, probs, v_cache, p, r, 3, vecs, f); break;
+        default: weigh_rows(out, probs, v_cache, p, r, 4, vecs, f); break;
+        }
+        r += nr;
+    }
+}
+
+/* out_r = sum_j p_rj v_j for the task's query rows. Grouped-query heads share their KV head's
+ * value rows, so at head_dim 64 (128) up to four (two) of them are weighed together, each
+ * value widened once for all; other multiples of 16 one row at a time; the rest by
+ * weigh_each_value. */
+ALWAYS_INLINE void weigh_values(float *out, const float *probs, const void *v_cache,
+                                const Pass *p, Format f) {
+    if (p->head_dim == 4 * LANES)
+        weigh_groups(out, probs, v_cache, p, 4, 4, f);
+    else if (p->head_dim == 8 * LANES)
+        weigh_groups(out, probs, v_cache, p, 8, 2, f);
+    else if (p->head_dim % LANES == 0 && p->head_dim / LANES <= MAX_VECS)
+        weigh_each_row(out, probs, v_cache, p, f);
+    else
+        weigh_each_value(out, probs, v_cache, p, f);
+}
+
+/* One task of the decode: its sequence's Pass, its query rows at q (fp32, or bfloat16 where
+ * `pairs`), its fp32 output rows at out. Returns 0, or 1 when scratch memory ran out. */
+ALWAYS_INLINE int decode_task(float *out, const void *q, const void *k_cache,
+                              const void *v_cache, const Pass *pass, float scale, Format f,
+                              int pairs) {
     const int64_t rows = pass->count * pass->group;
     float *scores = malloc(rows * pass->context * sizeof(float));
     if (scores == NULL) return 1;
-    score_keys(scores, q, k_cache, pass, scale, f);
+    score_keys(scores, q, k_cache, pass, scale, f, pairs);
     softmax_rows(scores, rows, pass->context);
     weigh_values(out, scores, v_cache, pass, f);
     free(scores);
@@ -322,41 +412,48 @@ ALWAYS_INLINE int decode_task(float *out, const float *q, const void *k_cache,
 
 /* One function per cache format, so that each is compiled with its format a constant (the
  * parallel loop below is outlined by OpenMP before anything is inlined into it). */
-typedef int (*TaskFn)(float *, const float *, const void *, const void *, const Pass *, float);
-static int decode_task_f32(float *out, const float *q, const void *k_cache, const void *v_cache,
+typedef int (*TaskFn)(float *, const void *, const void *, const void *, const Pass *, float);
+static int decode_task_f32(float *out, const void *q, const void *k_cache, const void *v_cache,
                            const Pass *pass, float scale) {
-    return decode_task(out, q, k_cache, v_cache, pass, scale, F32);
+    return decode_task(out, q, k_cache, v_cache, pass, scale, F32, 0);
 }
-static int decode_task_bf16(float *out, const float *q, const void *k_cache,
+static int decode_task_bf16(float *out, const void *q, const void *k_cache,
                             const void *v_cache, const Pass *pass, float scale) {
-    return decode_task(out, q, k_cache, v_cache, pass, scale, BF16);
+    return decode_task(out, q, k_cache, v_cache, pass, scale, BF16, 0);
 }
-static int decode_task_e4m3(float *out, const float *q, const void *k_cache,
+static int decode_task_e4m3(float *out, const void *q, const void *k_cache,
                             const void *v_cache, const Pass *pass, float scale) {
-    return decode_task(out, q, k_cache, v_cache, pass, scale, E4M3);
+    return decode_task(out, q, k_cache, v_cache, pass, scale, E4M3, 0);
 }
-static int decode_task_e5m2(float *out, const float *q, const void *k_cache,
+static int decode_task_e5m2(float *out, const void *q, const void *k_cache,
                             const void *v_cache, const Pass *pass, float scale) {
-    return decode_task(out, q, k_cache, v_cache, pass, scale, E5M2);
+    return decode_task(out, q, k_cache, v_cache, pass, scale, E5M2, 0);
 }
-static int decode_task_i8(float *out, const float *q, const void *k_cache, const void *v_cache,
+static int decode_task_i8(float *out, const void *q, const void *k_cache, const void *v_cache,
                           const Pass *pass, float scale) {
-    return decode_task(out, q, k_cache, v_cache, pass, scale, I8);
+    return decode_task(out, q, k_cache, v_cache, pass, scale, I8, 0);
+}
+/* A bfloat16 model's task over a bfloat16 cache, its query rows read as stored (`pairs`). */
+static int decode_task_bf16_pairs(float *out, const void *q, const void *k_cache,
+                                  const void *v_cache, const Pass *pass, float scale) {
+    return decode_task(out, q, k_cache, v_cache, pass, scale, BF16, 1);
 }
 static const TaskFn TASKS[] = {
     [F32] = decode_task_f32, [BF16] = decode_task_bf16, [E4M3] = decode_task_e4m3,
     [E5M2] = decode_task_e5m2, [I8] = decode_task_i8,
 };
 
-/* A task of a bfloat16 model's step: its query rows widened to fp32, the fp32 task run on
- * them, its output rows rounded back to bfloat16 (`n` values each way: the task's heads of
- * one token, a few hundred). Returns 0, or 1 when scratch memory ran out. */
+/* A task of a bfloat16 model's step: its query rows widened to fp32 (unless `run` reads them
+ * as they are: `widen_q` 0), the task run, its fp32 output rows rounded back to bfloat16 (`n`
+ * values each way: the task's heads of one token, a few hundred). Returns 0, or 1 when
+ * scratch memory ran out. */
 static int bf16_task(uint16_t *out, const uint16_t *q, const void *k_cache, const void *v_cache,
-                     const Pass *pass, float scale, TaskFn run, int64_t n) {
+                     const Pass *pass, float scale, TaskFn run, int64_t n, int widen_q) {
     float *rows = malloc(2 * n * sizeof(float)); /* [query rows | output rows] */
     if (rows == NULL) return 1;
-    for (int64_t i = 0; i < n; i++) rows[i] = widen(q[i]);
-    const int failed = run(rows + n, rows, k_cache, v_cache, pass, scale);
+    for (int64_t i = 0; widen_q && i < n; i++) rows[i] = widen(q[i]);
+    const int failed = run(rows + n, widen_q ? (const void *)rows : q, k_cache, v_cache, pass,
+                           scale);
     for (int64_t i = 0; i < n; i++) out[i] = narrow(rows[n + i]);
     free(rows);
     return failed;
@@ -378,7 +475,8 @@ static int paged_decode(void *out, const void *q, const void *k_cache, const voi
     const int64_t group = num_heads / num_kv_heads;
     const int64_t per_task = num_decodes >= omp_get_max_threads() ? num_kv_heads : 1;
     const int64_t tasks_per_seq = num_kv_heads / per_task;
-    const TaskFn run = TASKS[f];
+    const int pairs = io_bf16 && f == BF16 && reads_pairs(head_dim); /* multiply_keys */
+    const TaskFn run = pairs ? decode_task_bf16_pairs : TASKS[f];
     const int64_t row = f == I8 ? head_dim + 2 : head_dim; /* int8: the fp16 scale follows */
     int failed = 0;
     const int64_t num_tasks = num_decodes * tasks_per_seq;
@@ -395,7 +493,7 @@ static int paged_decode(void *out, const void *q, const void *k_cache, const voi
         const int64_t at_q = rows[i] * q_tok + first_row, at_out = rows[i] * out_tok + first_row;
         if (io_bf16)
             failed |= bf16_task((uint16_t *)out + at_out, (const uint16_t *)q + at_q, k_cache,
-                                v_cache, &pass, scale, run, per_task * group * head_dim);
+                                v_cache, &pass, scale, run, per_task * group * head_dim, !pairs);
         else
             failed |= run((float *)out + at_out, (const float *)q + at_q, k_cache, v_cache,
                           &pass, scale);
