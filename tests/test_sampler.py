@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import minserve.model.sampler as sampler_module
+from minserve.kernels import cpu_ops
 from minserve.course.checks_ch00 import FILTER_CHECKS
 from minserve.model.sampler import (
     Sampler,
@@ -249,3 +250,33 @@ def test_inverse_cdf_draw_splits_the_unit_interval_by_probability() -> None:
     logits = torch.tensor([0.0, 0.0, 0.0, 0.0]).log_softmax(-1).expand(4, -1)  # 1/4 each
     uniforms = torch.tensor([0.1, 0.3, 0.6, 0.9])
     assert draw_from_logits(logits, uniforms).tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("vocab", [49152, 1000, 17, 3])  # whole chunks of 16, and tails
+def test_the_c_draw_picks_the_torch_draws_token(vocab: int) -> None:
+    """Temperature-only rows on a CPU are drawn in C (`draw_rows.c`); each draw must be the
+    torch path's (shift, divide, softmax, cumsum, searchsorted) for the same uniform."""
+    gen = torch.Generator().manual_seed(vocab)
+    num_rows = 64
+    logits = 4 * torch.randn(num_rows, vocab, generator=gen)  # [rows, vocab]
+    logits[::5, : vocab // 2] = float("-inf")  # forbidden tokens in some rows
+    temperatures = [0.3, 0.6, 1.0, 1.7] * (num_rows // 4)
+    rows = [_row(temperature=t) for t in temperatures]
+    uniforms = torch.rand(num_rows, generator=gen)
+    uniforms[:3] = torch.tensor([0.0, 1e-9, 1 - 2**-24])  # the interval's edges
+    want = draw_from_logits(Sampler().filtered(logits, rows), uniforms)
+    got = cpu_ops.draw_rows(logits, list(range(num_rows)), torch.tensor(temperatures), uniforms)
+    # u just below 1 lands among the last tokens of nonzero probability, which one resting
+    # on how each side rounds its running sum (its mass ~1e-7): the rest are the same token
+    assert got[:2].tolist() == want[:2].tolist() and got[3:].tolist() == want[3:].tolist()
+    assert logits.gather(1, got[:, None]).isfinite().all()  # never a forbidden token
+
+
+def test_temperature_rows_go_to_the_c_draw_and_filtered_rows_do_not(monkeypatch) -> None:
+    called: list[list[int]] = []
+    real = cpu_ops.draw_rows
+    monkeypatch.setattr(cpu_ops, "draw_rows", lambda l, r, *a: called.append(r) or real(l, r, *a))
+    plain = [_row(temperature=0.7, seed=i) for i in range(3)]
+    Sampler()(_flat_logits(3), plain)
+    Sampler()(_flat_logits(3), [*plain[:2], _row(temperature=0.7, top_p=0.9, seed=2)])
+    assert called == [[0, 1, 2]]  # the batch with a top-p row took the torch path

@@ -45,6 +45,7 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "rope_bf16": (None, [_ptr] * 4 + [_i64] * 4),
     "silu_mul_f32": (None, [_ptr] * 2 + [_i64] * 4),
     "silu_mul_bf16": (None, [_ptr] * 2 + [_i64] * 4),
+    "draw_rows": (None, [_ptr] * 3 + [_i64] * 3 + [_ptr] * 2),
     "linear_rows_f32": (None, [_ptr] * 4 + [_i64] * 3),
     "linear_rows_bf16": (ctypes.c_int, [_ptr] * 4 + [_i64] * 3),
     "quant_rows_q8_0": (None, [_ptr] * 3 + [_i64] * 3),

@@ -117,6 +117,25 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out
 
 
+def draw_rows(
+    logits: torch.Tensor, rows: list[int], temperatures: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """One token per listed row of logits [N, vocab] (fp32, CPU), drawn at temperatures [R]
+    with uniforms [R] in [0, 1): the sampler's shift, divide, softmax and inverse-CDF draw
+    in two passes over each row (`draw_rows.c`) -> [R] int64."""
+    if logits.dtype != torch.float32 or logits.stride(-1) != 1 or not logits.is_cpu:
+        raise ValueError(f"draw_rows takes CPU fp32 rows, got {logits.dtype} on {logits.device}")
+    index = torch.tensor(rows, dtype=torch.int64)
+    temperatures = temperatures.to(torch.float32).contiguous()
+    uniforms = uniforms.to(torch.float32).contiguous()
+    out = torch.empty(len(rows), dtype=torch.int64)
+    cpu_kernels().draw_rows(
+        out.data_ptr(), logits.data_ptr(), index.data_ptr(), len(rows), logits.shape[-1],
+        logits.stride(0), temperatures.data_ptr(), uniforms.data_ptr(),
+    )  # fmt: skip
+    return out
+
+
 QUANT_BLOCK = 32  # weights per GGUF block
 QUANT_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # the block formats `quant_rows.c` reads
 

@@ -344,9 +344,13 @@ ALWAYS_INLINE void weigh_each_row(float *out, const float *probs, const void *v_
 ALWAYS_INLINE void weigh_rows(float *out, const float *probs, const void *v_cache,
                               const Pass *p, int64_t r, int nr, int vecs, Format f) {
     const int64_t head = (r / p->group) * p->row;
+    const int64_t span = p->count * p->row * format_bytes(f);
     f32x16 sums[4][MAX_VECS] = {{0}};
     for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
         const void *slot = element_at(block_at(v_cache, p, b, f), head, f);
+        const void *next = r == 0 ? block_at(v_cache, p, b + 1, f) : NULL;
+        for (int64_t j = 0; next != NULL && j < tokens_in(p, b + 1); j++)
+            prefetch_rows(element_at(next, j * p->token_row, f), span); /* every head's rows */
         for (int64_t j = 0; j < tokens_in(p, b); j++) {
             const float row_weight = row_scale(slot, p->head_dim, f);
             f32x16 value[MAX_VECS];
