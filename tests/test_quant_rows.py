@@ -118,3 +118,23 @@ def test_int8_quantization_rounds_each_weight_to_half_a_step_of_its_channel() ->
     error = (values - dequantize_int8(qweight, scales)).abs()
     assert (error <= scales[:, None] * 0.5 * (1 + 1e-5)).all()
     assert torch.equal(dequantize_int8(qweight, scales)[3], torch.zeros(96))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 6])
+@pytest.mark.parametrize("kind", [*QUANTS, "int8"])
+def test_bfloat16_rows_and_a_bias_are_the_fp32_sums_rounded_once(rows: int, kind: str) -> None:
+    """A bfloat16 model's rows go in as they are and come out bfloat16: the fp32 kernel's
+    sums on the widened rows, plus the bias in fp32, rounded once (bit for bit)."""
+    values = torch.randn(70, 96, generator=GEN) * 0.05
+    bias = torch.randn(70, generator=GEN)
+    x = torch.randn(rows, 96, generator=GEN).bfloat16()
+    if kind == "int8":
+        qweight, scales = quantize_int8(values)
+        run = lambda x, bias: cpu_ops.int8_rows(x, qweight, scales, bias)  # noqa: E731
+    else:
+        blocks, _ = quantized(values.numpy(), kind)
+        run = lambda x, bias: cpu_ops.quant_rows(x, blocks, kind, bias)  # noqa: E731
+    got = run(x, bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 70)
+    assert torch.equal(got, (run(x.float(), None) + bias).bfloat16())
+    assert torch.equal(run(x.float(), bias), run(x.float(), None) + bias)

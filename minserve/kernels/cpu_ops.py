@@ -153,35 +153,51 @@ def check_blocks_hold(blocks: torch.Tensor, quant: str, x: torch.Tensor) -> tupl
     return out_features, in_features
 
 
-def quant_rows(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tensor:
-    """A few rows through a GGUF-quantized linear layer, read as stored: x [N, in] fp32,
-    blocks uint8 [out, in / 32 * block bytes] (each weight row's blocks, as in the file) ->
-    [N, out] fp32, the sums of the dequantized weights (`quant_rows.c`)."""
+def quant_rows(
+    x: torch.Tensor, blocks: torch.Tensor, quant: str, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A few rows through a GGUF-quantized linear layer, read as stored: x [N, in] fp32 or
+    bfloat16, blocks uint8 [out, in / 32 * block bytes] (each weight row's blocks, as in the
+    file) -> [N, out] in x's dtype: the sums of the dequantized weights (+ bias [out]), in
+    fp32, rounded once (`quant_rows.c`)."""
     out_features, in_features = check_blocks_hold(blocks, quant, x)
-    x = x.to(torch.float32).contiguous()
-    out = torch.empty((x.shape[0], out_features), dtype=torch.float32)
     kernel = getattr(cpu_kernels(), f"quant_rows_{quant.lower()}")
-    kernel(out.data_ptr(), x.data_ptr(), blocks.contiguous().data_ptr(),
-           x.shape[0], out_features, in_features)  # fmt: skip
-    return out
+    return _rows_through(kernel, x, out_features, blocks.contiguous(), None, bias)
 
 
-def int8_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """A few rows through a weight-only int8 linear layer, read as stored: x [N, in],
-    weight int8 [out, in] (in a multiple of 32), scales fp32 [out] -> [N, out] fp32, each
-    output channel's int8 sums times its scale (`quant_rows.c`)."""
+def int8_rows(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A few rows through a weight-only int8 linear layer, read as stored: x [N, in] fp32 or
+    bfloat16, weight int8 [out, in] (in a multiple of 32), scales fp32 [out] -> [N, out] in
+    x's dtype: each output channel's int8 sums times its scale (+ bias) (`quant_rows.c`)."""
     out_features, in_features = weight.shape
     if weight.dtype != torch.int8 or in_features % QUANT_BLOCK or x.shape[-1] != in_features:
         raise ValueError(
             f"int8 rows need an int8 weight whose {in_features} columns are a multiple of "
             f"{QUANT_BLOCK} and x with as many features; got {weight.dtype}, x {tuple(x.shape)}"
         )
-    x = x.to(torch.float32).contiguous()
-    out = torch.empty((x.shape[0], out_features), dtype=torch.float32)
-    cpu_kernels().int8_rows(
-        out.data_ptr(), x.data_ptr(), weight.contiguous().data_ptr(),
-        scales.to(torch.float32).contiguous().data_ptr(), x.shape[0], out_features, in_features,
-    )  # fmt: skip
+    scales = scales.to(torch.float32).contiguous()
+    return _rows_through(cpu_kernels().int8_rows, x, out_features, weight.contiguous(), scales, bias)
+
+
+def _rows_through(
+    kernel: Callable[..., int], x: torch.Tensor, out_features: int, weight: torch.Tensor,
+    scales: torch.Tensor | None, bias: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    """Call a `quant_rows.c` entry point on x [N, in] (fp32, or bfloat16 as it is) -> [N, out]
+    in x's dtype."""
+    if x.dtype not in KERNEL_DTYPES:
+        x = x.float()
+    x = x.contiguous()
+    bias32 = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    out = torch.empty((x.shape[0], out_features), dtype=x.dtype)
+    args = [out.data_ptr(), x.data_ptr(), weight.data_ptr()]
+    args += [] if scales is None else [scales.data_ptr()]
+    args += [None if bias32 is None else bias32.data_ptr()]
+    status = kernel(*args, x.shape[0], out_features, x.shape[1], int(x.dtype == torch.bfloat16))
+    if status:
+        raise MemoryError(f"the quantized rows kernel could not widen {x.shape[0]} rows")
     return out
 
 

@@ -1,5 +1,7 @@
 /* A decode step's few rows through a GGUF-quantized linear layer, read as it is stored
- * (`cpu_ops.quant_rows`): out = x . dequantize(w)^T, x [m, k] and out [m, n] fp32.
+ * (`cpu_ops.quant_rows`): out = x . dequantize(w)^T (+ bias), x [m, k] and out [m, n] both
+ * fp32 or both bfloat16 (a bfloat16 model's own rows: x widened once, each output rounded
+ * once, no conversion around the call).
  *
  * GGUF cuts each weight row into blocks of 32 values; a block holds one fp16 scale d (and,
  * for Q4_1, an fp16 offset mn) and 32 small integers q:
@@ -17,6 +19,7 @@
  */
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -96,8 +99,27 @@ ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
     }
 }
 
-/* ROWS weight rows (`row`, `row_bytes` apart) against nx <= XS rows of x (k apart):
- * out[j * n + i] is row j of x against weight row i.
+/* Where the sums go: out [m, n], fp32 or (`bf16`) bfloat16, each sum first times its
+ * weight row's scale where there are `scales` (int8), then plus its `bias` where there is
+ * one, rounded once. */
+typedef struct {
+    void *out;
+    const float *scales, *bias;
+    int64_t n;
+    int bf16;
+} Sink;
+
+static inline void emit(const Sink *s, int64_t x_row, int64_t w_row, float v) {
+    if (s->scales) v *= s->scales[w_row];
+    if (s->bias) v += s->bias[w_row];
+    if (s->bf16)
+        ((uint16_t *)s->out)[x_row * s->n + w_row] = narrow(v);
+    else
+        ((float *)s->out)[x_row * s->n + w_row] = v;
+}
+
+/* ROWS weight rows from row r (`row`, `row_bytes` apart) against nx <= XS rows of x from
+ * row b (k apart), into the sink: row b + j of x against weight row r + i.
  *
  * A block's weights are d * q + m (Q4_0: m = -8 d; Q8_0 and int8: m = 0), so its share of
  * a sum is d * (q . x) + m * (the block's x summed): the codes q meet x as they are, the
@@ -107,8 +129,8 @@ ALWAYS_INLINE void widen_block(f32x16 w[2], const uint8_t *block, Quant t) {
  * fused multiply-adds, so one's latency hides behind the others'. Inlined with nr and nx
  * constants, so the sums stay in registers. */
 ALWAYS_INLINE void tile(const uint8_t *restrict row, int64_t row_bytes, int nr,
-                        const float *restrict x, int nx, int64_t k, float *restrict out,
-                        int64_t n, Quant t) {
+                        const float *restrict x, int nx, int64_t k, const Sink *sink,
+                        int64_t b0, int64_t r, Quant t) {
     f32x16 sums[ROWS][XS];
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < nx; j++) sums[i][j] = (f32x16){0};
@@ -126,7 +148,7 @@ ALWAYS_INLINE void tile(const uint8_t *restrict row, int64_t row_bytes, int nr,
             block_codes(c, block, t);
             for (int j = 0; j < nx; j++) {
                 const float *xb = x + j * k + b * BLOCK;
-                if (t == I8_ROW) { /* one scale per row, applied by the caller */
+                if (t == I8_ROW) { /* one scale per row, applied by emit */
                     sums[i][j] = fma16(c[0], load16(xb), sums[i][j]);
                     sums[i][j] = fma16(c[1], load16(xb + LANES), sums[i][j]);
                     continue;
@@ -142,20 +164,20 @@ ALWAYS_INLINE void tile(const uint8_t *restrict row, int64_t row_bytes, int nr,
         }
     }
     for (int i = 0; i < nr; i++)
-        for (int j = 0; j < nx; j++) out[j * n + i] = lane_sum(sums[i][j]);
+        for (int j = 0; j < nx; j++) emit(sink, b0 + j, r + i, lane_sum(sums[i][j]));
 }
 
 /* nr weight rows from row r on against every row of x, XS rows of x at a time. */
-ALWAYS_INLINE void weight_rows(float *out, const float *x, const uint8_t *w, int64_t m,
-                               int64_t n, int64_t k, int64_t r, int nr, Quant t) {
+ALWAYS_INLINE void weight_rows(const Sink *sink, const float *x, const uint8_t *w, int64_t m,
+                               int64_t k, int64_t r, int nr, Quant t) {
     const int64_t row_bytes = (k / BLOCK) * block_bytes(t);
     const uint8_t *row = w + r * row_bytes;
     int64_t b = 0;
-    for (; b + XS <= m; b += XS) tile(row, row_bytes, nr, x + b * k, XS, k, out + b * n + r, n, t);
+    for (; b + XS <= m; b += XS) tile(row, row_bytes, nr, x + b * k, XS, k, sink, b, r, t);
     switch (m - b) {
-    case 3: tile(row, row_bytes, nr, x + b * k, 3, k, out + b * n + r, n, t); break;
-    case 2: tile(row, row_bytes, nr, x + b * k, 2, k, out + b * n + r, n, t); break;
-    case 1: tile(row, row_bytes, nr, x + b * k, 1, k, out + b * n + r, n, t); break;
+    case 3: tile(row, row_bytes, nr, x + b * k, 3, k, sink, b, r, t); break;
+    case 2: tile(row, row_bytes, nr, x + b * k, 2, k, sink, b, r, t); break;
+    case 1: tile(row, row_bytes, nr, x + b * k, 1, k, sink, b, r, t); break;
     }
 }
 
@@ -165,16 +187,17 @@ ALWAYS_INLINE void weight_rows(float *out, const float *x, const uint8_t *w, int
  * in a function of their own (`_rows`): inlined into the outlined loop, their sums were
  * kept on the stack, a store and a reload per block (GCC 12; 1.45x slower). */
 #define QUANT_TILES(NAME, QUANT)                                                               \
-    static void NAME##_rows(float *out, const float *x, const uint8_t *w, int64_t m,           \
-                            int64_t n, int64_t k, int64_t r) {                                 \
-        weight_rows(out, x, w, m, n, k, r, ROWS, QUANT);                                       \
+    static void NAME##_rows(const Sink *sink, const float *x, const uint8_t *w, int64_t m,     \
+                            int64_t k, int64_t r) {                                            \
+        weight_rows(sink, x, w, m, k, r, ROWS, QUANT);                                         \
     }                                                                                          \
-    static void NAME(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,       \
+    static void NAME(const Sink *sink, const float *x, const uint8_t *w, int64_t m, int64_t n, \
                      int64_t k) {                                                              \
         _Pragma("omp parallel for schedule(static)") for (int64_t q = 0; q < n / ROWS; q++)    \
-            NAME##_rows(out, x, w, m, n, k, q * ROWS);                                         \
-        for (int64_t r = n / ROWS * ROWS; r < n; r++) weight_rows(out, x, w, m, n, k, r, 1, QUANT); \
+            NAME##_rows(sink, x, w, m, k, q * ROWS);                                           \
+        for (int64_t r = n / ROWS * ROWS; r < n; r++) weight_rows(sink, x, w, m, k, r, 1, QUANT); \
     }
+typedef void (*TilesFn)(const Sink *, const float *, const uint8_t *, int64_t, int64_t, int64_t);
 QUANT_TILES(tiles_q8_0, Q8_0)
 QUANT_TILES(tiles_q4_0, Q4_0)
 QUANT_TILES(tiles_q4_1, Q4_1)
@@ -213,24 +236,36 @@ DEQUANTIZE(dequantize_q8_0_bf16, Q8_0, uint16_t, widen_row_bf16)
 DEQUANTIZE(dequantize_q4_0_bf16, Q4_0, uint16_t, widen_row_bf16)
 DEQUANTIZE(dequantize_q4_1_bf16, Q4_1, uint16_t, widen_row_bf16)
 
-void quant_rows_q8_0(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,
-                     int64_t k) {
-    tiles_q8_0(out, x, w, m, n, k);
-}
-void quant_rows_q4_0(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,
-                     int64_t k) {
-    tiles_q4_0(out, x, w, m, n, k);
-}
-void quant_rows_q4_1(float *out, const float *x, const uint8_t *w, int64_t m, int64_t n,
-                     int64_t k) {
-    tiles_q4_1(out, x, w, m, n, k);
+/* The entry points' common part: x fp32, or (`io_bf16`) bfloat16 widened once into
+ * 64-byte-aligned scratch, as torch's tensors are aligned. Returns 0, or -1 without memory. */
+static int run_tiles(TilesFn tiles, void *out, const void *x, const uint8_t *w,
+                     const float *scales, const float *bias, int64_t m, int64_t n, int64_t k,
+                     int64_t io_bf16) {
+    const Sink sink = {.out = out, .scales = scales, .bias = bias, .n = n, .bf16 = io_bf16 != 0};
+    if (!io_bf16) {
+        tiles(&sink, x, w, m, n, k);
+        return 0;
+    }
+    float *x32 = aligned_alloc(64, (m * k * sizeof(float) + 63) / 64 * 64);
+    if (x32 == NULL) return -1;
+    for (int64_t i = 0; i < m * k; i++) x32[i] = widen(((const uint16_t *)x)[i]);
+    tiles(&sink, x32, w, m, n, k);
+    free(x32);
+    return 0;
 }
 
+#define QUANT_ROWS(NAME, TILES)                                                                \
+    int NAME(void *out, const void *x, const uint8_t *w, const float *bias, int64_t m,         \
+             int64_t n, int64_t k, int64_t io_bf16) {                                          \
+        return run_tiles(TILES, out, x, w, NULL, bias, m, n, k, io_bf16);                      \
+    }
+QUANT_ROWS(quant_rows_q8_0, tiles_q8_0)
+QUANT_ROWS(quant_rows_q4_0, tiles_q4_0)
+QUANT_ROWS(quant_rows_q4_1, tiles_q4_1)
+
 /* Rows of x against int8 weights w [n, k] with one scale per output channel:
- * out[i, r] = scales[r] * sum_j x[i, j] * w[r, j]. */
-void int8_rows(float *out, const float *x, const int8_t *w, const float *scales, int64_t m,
-               int64_t n, int64_t k) {
-    tiles_i8_row(out, x, (const uint8_t *)w, m, n, k);
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t r = 0; r < n; r++) out[i * n + r] *= scales[r];
+ * out[i, r] = scales[r] * sum_j x[i, j] * w[r, j] (+ bias[r]). */
+int int8_rows(void *out, const void *x, const int8_t *w, const float *scales, const float *bias,
+              int64_t m, int64_t n, int64_t k, int64_t io_bf16) {
+    return run_tiles(tiles_i8_row, out, x, (const uint8_t *)w, scales, bias, m, n, k, io_bf16);
 }

@@ -60,15 +60,16 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [N, in]
-        bias = None if self.bias is None else self.bias.float()
+        shape = (*x.shape[:-1], self.out_features)
         if rows.shape[0] <= KERNEL_ROWS and self.kernel_applies(rows):
-            out = cpu_ops.int8_rows(rows, self.qweight, self.scales)  # [N, out] fp32
-        else:  # many rows: widen the integers once for this call (exact in bf16 too: at
-            # most 8 bits), scale the columns after
-            dtype = matmul_dtype(x)
-            out = F.linear(rows.to(dtype), self.qweight.to(dtype)).float() * self.scales
-        out = out if bias is None else out + bias
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+            # [N, out] in x's dtype: scaled, the bias added in fp32, then rounded once
+            return cpu_ops.int8_rows(rows, self.qweight, self.scales, self.bias).view(shape)
+        # many rows: widen the integers once for this call (exact in bf16 too: at most 8
+        # bits), scale the columns after
+        dtype = matmul_dtype(x)
+        out = F.linear(rows.to(dtype), self.qweight.to(dtype)).float() * self.scales
+        out = out if self.bias is None else out + self.bias.float()
+        return out.to(x.dtype).view(shape)
 
     def kernel_applies(self, rows: torch.Tensor) -> bool:
         """The C kernel reads whole 32-weight groups of a CPU tensor in fp32 or bf16."""

@@ -61,17 +61,19 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [N, in]
+        shape = (*x.shape[:-1], self.out_features)
         if self.codec is not None:
             out = self.codec.linear(rows.float(), self.blocks, self.quant)  # [N, out] fp32
         elif rows.shape[0] <= KERNEL_ROWS and self.c_kernels and _kernel_applies(rows):
-            out = cpu_ops.quant_rows(rows, self.blocks, self.quant)  # [N, out] fp32
+            # [N, out] in x's dtype, the bias added in fp32 before the one rounding
+            return cpu_ops.quant_rows(rows, self.blocks, self.quant, self.bias).view(shape)
         elif rows.is_cuda:  # a GPU: the blocks widened inside Triton's matrix product
             out = quant_matmul(rows, self.blocks, self.quant)  # [N, out] fp32
         else:  # many rows: widen the weight once for this call, in the step's dtype
             dtype = matmul_dtype(x)
             out = F.linear(rows.to(dtype), self.widened(dtype))  # [N, out]
         out = out if self.bias is None else out + self.bias.float()  # the bias added in fp32
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return out.to(x.dtype).view(shape)
 
     def widened(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out, in] in `dtype` (fp32, or bf16 rounded from it): in C where it
