@@ -122,19 +122,30 @@ def test_int8_quantization_rounds_each_weight_to_half_a_step_of_its_channel() ->
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 6])
 @pytest.mark.parametrize("kind", [*QUANTS, "int8"])
-def test_bfloat16_rows_and_a_bias_are_the_fp32_sums_rounded_once(rows: int, kind: str) -> None:
-    """A bfloat16 model's rows go in as they are and come out bfloat16: the fp32 kernel's
-    sums on the widened rows, plus the bias in fp32, rounded once (bit for bit)."""
+def test_bfloat16_rows_and_a_bias_give_the_dequantized_sums_rounded_once(
+    rows: int, kind: str
+) -> None:
+    """A bfloat16 model's rows go in as they are and come out bfloat16: the sums of the
+    dequantized weights (fp32, in some order; 4-bit blocks meet x in bfloat16 pairs where
+    the CPU has AVX512-BF16), plus the bias, rounded once."""
     values = torch.randn(70, 96, generator=GEN) * 0.05
     bias = torch.randn(70, generator=GEN)
     x = torch.randn(rows, 96, generator=GEN).bfloat16()
     if kind == "int8":
         qweight, scales = quantize_int8(values)
-        run = lambda x, bias: cpu_ops.int8_rows(x, qweight, scales, bias)  # noqa: E731
+        weights = dequantize_int8(qweight, scales)
+        got = cpu_ops.int8_rows(x, qweight, scales, bias)
     else:
-        blocks, _ = quantized(values.numpy(), kind)
-        run = lambda x, bias: cpu_ops.quant_rows(x, blocks, kind, bias)  # noqa: E731
-    got = run(x, bias)
+        blocks, weights = quantized(values.numpy(), kind)
+        got = cpu_ops.quant_rows(x, blocks, kind, bias)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, 70)
-    assert torch.equal(got, (run(x.float(), None) + bias).bfloat16())
-    assert torch.equal(run(x.float(), bias), run(x.float(), None) + bias)
+    exact = F.linear(x.double(), weights.double(), bias.double())  # [rows, 70]
+    order = 1e-5 * (x.double().abs() @ weights.double().abs().T + bias.double().abs())
+    assert ((got.double() - exact).abs() <= 2**-8 * exact.abs() + order).all()
+
+
+def test_the_bias_is_added_in_fp32_before_the_one_rounding() -> None:
+    blocks, _ = quantized(torch.randn(70, 96, generator=GEN).numpy() * 0.05, "Q4_1")
+    x, bias = torch.randn(3, 96, generator=GEN), torch.randn(70, generator=GEN)
+    plain = cpu_ops.quant_rows(x, blocks, "Q4_1")  # [3, 70] fp32
+    assert torch.equal(cpu_ops.quant_rows(x, blocks, "Q4_1", bias), plain + bias)
