@@ -328,9 +328,10 @@ ALWAYS_INLINE void weigh_each_row(float *out, const float *probs, const void *v_
         for (int64_t b = 0, j0 = 0; j0 < p->context; b++, j0 += p->block_size) {
             const void *slot = element_at(block_at(v_cache, p, b, f), head, f);
             for (int64_t j = 0; j < tokens_in(p, b); j++) {
-                const f32x16 weight = (f32x16){0} + pr[j0 + j] * row_scale(slot, p->head_dim, f);
+                const float w = pr[j0 + j] * row_scale(slot, p->head_dim, f);
+                const f32x16 weight = {w, w, w, w, w, w, w, w, w, w, w, w, w, w, w, w};
                 for (int64_t c = 0; c < vecs; c++)
-                    sums[c] += weight * load16_as(slot, c * LANES, f);
+                    sums[c] = fma16(weight, load16_as(slot, c * LANES, f), sums[c]);
                 slot = element_at(slot, p->token_row, f);
             }
         }
@@ -340,7 +341,8 @@ ALWAYS_INLINE void weigh_each_row(float *out, const float *probs, const void *v_
 
 /* Query rows r .. r + nr - 1, all of one KV head, against its values: each value row read and
  * widened once for the nr rows (nr * vecs sums and vecs values in registers, nr and vecs
- * constants where this is inlined). */
+ * constants where this is inlined), each added with one fused multiply-add (`fma16`: this
+ * file is compiled without contraction, and a multiply then an add is twice the work). */
 ALWAYS_INLINE void weigh_rows(float *out, const float *probs, const void *v_cache,
                               const Pass *p, int64_t r, int nr, int vecs, Format f) {
     const int64_t head = (r / p->group) * p->row;
@@ -356,9 +358,9 @@ ALWAYS_INLINE void weigh_rows(float *out, const float *probs, const void *v_cach
             f32x16 value[MAX_VECS];
             for (int c = 0; c < vecs; c++) value[c] = load16_as(slot, c * LANES, f);
             for (int g = 0; g < nr; g++) {
-                const f32x16 weight =
-                    (f32x16){0} + probs[(r + g) * p->context + j0 + j] * row_weight;
-                for (int c = 0; c < vecs; c++) sums[g][c] += weight * value[c];
+                const float w = probs[(r + g) * p->context + j0 + j] * row_weight;
+                const f32x16 weight = {w, w, w, w, w, w, w, w, w, w, w, w, w, w, w, w};
+                for (int c = 0; c < vecs; c++) sums[g][c] = fma16(weight, value[c], sums[g][c]);
             }
             slot = element_at(slot, p->token_row, f);
         }
