@@ -138,15 +138,8 @@ void linear_rows_f32(float *out, const float *x, const float *w, const float *bi
 /* Returns 0, or -1 when there was no memory for x widened (m * k floats). */
 int linear_rows_bf16(uint16_t *out, const uint16_t *x, const uint16_t *w, const uint16_t *bias,
                      int64_t m, int64_t n, int64_t k) {
-    /* 64-byte aligned, as torch's tensors are: an AVX-512 load then never spans two lines */
-    float *x32 = aligned_alloc(64, (m * k * sizeof(float) + 63) / 64 * 64);
+    float *x32 = widened_copy(x, m * k);
     if (x32 == NULL) return -1;
-    int64_t i = 0;
-    for (; i + LANES <= m * k; i += LANES) {
-        const f32x16 v = widen16(x + i);
-        memcpy(x32 + i, &v, sizeof v);
-    }
-    for (; i < m * k; i++) x32[i] = widen(x[i]);
     linear_rows(out, x32, w, bias, m, n, k, BF16);
     free(x32);
     return 0;

@@ -210,8 +210,8 @@ QUANT_TILES(tiles_i8_row, I8_ROW)
 /* A bfloat16 model's rows against 4-bit blocks, without widening either (AVX512-BF16): a
  * block's 32 codes are looked up as bfloat16 (small integers, exact: q for Q4_1, q - 8 for
  * Q4_0) and meet 32 bfloat16 x values in one vdpbf16ps (exact products, fp32 sums); the
- * scale d multiplies that, once per block. Q4_1's offsets meet the blocks' sums of x after
- * the loop, one scalar product per block. About half the vector operations of `tile`, which
+ * scale d multiplies that, once per block. Q4_1's offsets meet the blocks' sums of x as
+ * scalar products beside it, one per block. About half the vector operations of `tile`, which
  * matters where 512-bit operations run as two halves (AMD Zen 4). */
 static inline __m512i code_table(Quant t) {
     uint16_t bits[32];
@@ -333,8 +333,8 @@ DEQUANTIZE(dequantize_q4_0_bf16, Q4_0, uint16_t, widen_row_bf16)
 DEQUANTIZE(dequantize_q4_1_bf16, Q4_1, uint16_t, widen_row_bf16)
 
 /* The entry points' common part: x fp32, or (`io_bf16`) bfloat16, taken as it is where
- * `pairs` can (4-bit blocks, AVX512-BF16), else widened once into 64-byte-aligned scratch,
- * as torch's tensors are aligned. Returns 0, or -1 without memory. */
+ * `pairs` can (4-bit blocks, AVX512-BF16), else widened once (`widened_copy`). Returns 0,
+ * or -1 without memory. */
 static int run_tiles(TilesFn tiles, PairsFn pairs, void *out, const void *x, const uint8_t *w,
                      const float *scales, const float *bias, int64_t m, int64_t n, int64_t k,
                      int64_t io_bf16) {
@@ -343,18 +343,16 @@ static int run_tiles(TilesFn tiles, PairsFn pairs, void *out, const void *x, con
         tiles(&sink, x, w, m, n, k);
         return 0;
     }
-    const int64_t blocks = k / BLOCK, scratch = pairs ? m * blocks : m * k;
-    float *x32 = aligned_alloc(64, (scratch * sizeof(float) + 63) / 64 * 64);
+    float *x32 = widened_copy(x, m * k);
     if (x32 == NULL) return -1;
-    if (pairs) { /* each block's 32 values of x summed, for the offsets */
-        for (int64_t i = 0; i < m * blocks; i++) {
+    if (pairs) { /* x as it is; each block's 32 values summed (in place), for the offsets */
+        for (int64_t i = 0; i < m * k / BLOCK; i++) {
             float total = 0.0f;
-            for (int64_t h = 0; h < BLOCK; h++) total += widen(((const uint16_t *)x)[i * BLOCK + h]);
+            for (int64_t h = 0; h < BLOCK; h++) total += x32[i * BLOCK + h];
             x32[i] = total;
         }
         pairs(&sink, x, x32, w, m, n, k);
     } else {
-        for (int64_t i = 0; i < m * k; i++) x32[i] = widen(((const uint16_t *)x)[i]);
         tiles(&sink, x32, w, m, n, k);
     }
     free(x32);

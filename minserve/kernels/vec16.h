@@ -4,6 +4,7 @@
  * per step, which made an earlier version three times slower. */
 #pragma once
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__FMA__)
 #include <immintrin.h>
@@ -60,6 +61,21 @@ static inline f32x16 widen16(const uint16_t *p) {
     f32x16 f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* n bfloat16 values widened into a new fp32 array (the caller frees it; NULL without
+ * memory), 64-byte aligned as torch's tensors are, so that an AVX-512 load from it never
+ * spans two cache lines: a bfloat16 model's few rows, widened once per call. */
+static inline float *widened_copy(const uint16_t *p, int64_t n) {
+    float *out = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    if (out == NULL) return NULL;
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        const f32x16 v = widen16(p + i);
+        memcpy(out + i, &v, sizeof v);
+    }
+    for (; i < n; i++) out[i] = widen(p[i]);
+    return out;
 }
 
 /* An 8-bit float's magnitude bits `em` (exponent, then `mant_bits` of mantissa, exponent
