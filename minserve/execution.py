@@ -57,7 +57,7 @@ class ExecutionConfig:
     dtype: torch.dtype
     attention: str  # the attention backend: "cpu", "torch" or "triton" (never "auto")
     c_kernels: bool
-    prepack: bool  # linear weights reordered once for oneDNN (CPU)
+    prepack: bool  # linear weights reordered once: oneDNN's layout, or bf16 pair panels (CPU)
     linear_rows: LinearRows  # few-row kernel up to this many rows (0: off), or measured
     greedy_screen: bool
     kernel_cache: Path
@@ -68,6 +68,7 @@ class ExecutionConfig:
     quantization: str = "none"  # "gguf(Q4_1:210,Q8_0:1; weights 97.1 MiB)": kept as stored
     openmp_waits: str = "spin(10000)-then-sleep"  # how OpenMP threads wait (openmp_env.py)
     kv_cache_dtype: str = "auto"  # canonical name: "fp8" is recorded as "fp8_e4m3"
+    packed_as: str = ""  # what the loader packed: "panels", "oneDNN" or "panels+oneDNN"
 
     def with_attention(self, name: str) -> ExecutionConfig:
         """This config with the attention backend `name` ("auto": the default) resolved."""
@@ -96,7 +97,7 @@ class ExecutionConfig:
             "dtype": _with_why(str(self.dtype).removeprefix("torch."), self.dtype_why),
             "attention": self.attention,
             "c_kernels": _on_off(self.c_kernels, self.c_kernels_missing),
-            "prepack": _on_off(self.prepack),
+            "prepack": _on_off(self.prepack) + (f"({self.packed_as})" if self.packed_as else ""),
             "linear_rows": self._rows_text(),
             "greedy_screen": _on_off(self.greedy_screen),
             "quantization": self.quantization,
@@ -107,6 +108,8 @@ class ExecutionConfig:
         return "execution: " + " ".join(f"{k}={v}" for k, v in fields.items())
 
     def _rows_text(self) -> str:
+        if self.packed_as == "panels":
+            return "panels"  # the panel kernel takes every row count
         if self.linear_rows == MEASURED:
             shapes = ",".join(f"{shape}:{rows}" for shape, rows in self.rows_by_shape)
             return f"{MEASURED}({shapes})"

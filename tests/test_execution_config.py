@@ -200,10 +200,10 @@ def test_the_summary_names_every_choice_on_one_line() -> None:
     config = ExecutionConfig(
         device=torch.device("cpu"), dtype=torch.float32, attention="cpu", c_kernels=True,
         prepack=True, linear_rows="measured", greedy_screen=True, kernel_cache=Path("/k"),
-        rows_by_shape=(("576x576", 16), ("576x1536", 12)),
+        rows_by_shape=(("576x576", 16), ("576x1536", 12)), packed_as="oneDNN",
     )  # fmt: skip
     assert config.summary() == (
-        "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on "
+        "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on(oneDNN) "
         "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on quantization=none "
         "openmp_waits=spin(10000)-then-sleep kv_cache=float32 kernel_cache=/k"
     )
@@ -220,7 +220,7 @@ def test_the_llm_logs_its_config_once_and_returns_it(tiny_model, caplog) -> None
     assert lines == [config.summary()] and config is llm.engine.execution
     assert lines[0].startswith("execution: device=cpu(auto: ")  # which device, and why
     assert (
-        " dtype=float32(auto: MINSERVE_CPU_BF16=0) attention=cpu c_kernels=on prepack=on "
+        " dtype=float32(auto: MINSERVE_CPU_BF16=0) attention=cpu c_kernels=on prepack=on(oneDNN) "
         "linear_rows=measured(" in lines[0]
     )
     linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]

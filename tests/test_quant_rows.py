@@ -149,3 +149,29 @@ def test_the_bias_is_added_in_fp32_before_the_one_rounding() -> None:
     x, bias = torch.randn(3, 96, generator=GEN), torch.randn(70, generator=GEN)
     plain = cpu_ops.quant_rows(x, blocks, "Q4_1")  # [3, 70] fp32
     assert torch.equal(cpu_ops.quant_rows(x, blocks, "Q4_1", bias), plain + bias)
+
+
+PANELS = cpu_kernels() is not None and cpu_ops.panels_native()
+
+
+@pytest.mark.skipif(not PANELS, reason="the panel kernel needs a CPU with AVX512-BF16")
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("rows", [1, 9, 40])
+@pytest.mark.parametrize(("out_features", "in_features"), [(32, 32), (96, 576)])
+def test_many_bfloat16_rows_meet_the_weights_widened_panel_by_panel(
+    quant: str, rows: int, out_features: int, in_features: int
+) -> None:
+    """A bfloat16 model's many rows: the blocks widened to bfloat16 a pair of panels at a
+    time, in cache, then the panel kernel: bit for bit the panel kernel on the whole
+    weight widened first (`dequantize_blocks`) and packed, and within one rounding of the
+    exact sums of those weights."""
+    values = torch.randn(out_features, in_features, generator=GEN).numpy() * 0.05
+    blocks, _ = quantized(values, quant)
+    bias = torch.randn(out_features, generator=GEN).bfloat16()
+    x = torch.randn(rows, in_features, generator=GEN).bfloat16()
+    got = cpu_ops.quant_panels(x, blocks, quant, bias)
+    widened = cpu_ops.dequantize_blocks(blocks, quant, torch.bfloat16)  # [out, in]
+    assert torch.equal(got, cpu_ops.linear_panels(x, cpu_ops.pack_panels(widened), bias))
+    exact = F.linear(x.double(), widened.double(), bias.double())
+    scale = x.double().abs() @ widened.double().abs().T + bias.double().abs()
+    assert ((got.double() - exact).abs() <= 2**-8 * scale + 1e-6).all()

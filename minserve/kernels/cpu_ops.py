@@ -117,6 +117,61 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out
 
 
+PANEL = 16  # output columns per packed panel (`bf16_panels.c`)
+
+
+def panels_native() -> bool:
+    """True when the C kernels are built with AVX512-BF16, the instruction that multiplies
+    the panels' bfloat16 pairs (`bf16_panels.c`)."""
+    kernels = cpu_kernels()
+    return kernels is not None and kernels.bf16_panels_native() == 1
+
+
+def panels_apply(weight: torch.Tensor) -> bool:
+    """True when a linear's weight [out, in] can be packed into panels of bfloat16 pairs:
+    a bfloat16 CPU weight, out a multiple of 32, in even, and `panels_native()`."""
+    out_features, in_features = weight.shape
+    if weight.dtype is not torch.bfloat16 or not weight.is_cpu:
+        return False
+    if out_features % (2 * PANEL) or in_features % 2:
+        return False
+    return panels_native()
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] -> [out / 16, in / 2, 16, 2]: panel p holds columns 16p .. 16p + 15,
+    and for each pair of inputs (2t, 2t + 1) their 16 columns' weights side by side, the
+    64 bytes one vdpbf16ps reads (`bf16_panels.c`)."""
+    out_features, in_features = weight.shape
+    panels = weight.detach().reshape(out_features // PANEL, PANEL, in_features // 2, 2)
+    return panels.permute(0, 2, 1, 3).contiguous()  # [out / 16, in / 2, 16, 2]
+
+
+def linear_panels(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [N, in] bfloat16 . the packed weight (`pack_panels`) (+ bias [out]) -> [N, out]
+    bfloat16: the fp32 sums of the products, each rounded once (`bf16_panels.c`)."""
+    x = x.contiguous()  # [N, in]
+    num_panels, pairs = packed.shape[:2]
+    out_features, in_features = num_panels * PANEL, 2 * pairs
+    if x.dtype is not torch.bfloat16 or x.shape[-1] != in_features:
+        raise ValueError(
+            f"linear_panels takes bfloat16 rows of {in_features} features, "
+            f"got {x.dtype} rows of shape {tuple(x.shape)}"
+        )
+    if bias is not None:
+        bias = bias.to(torch.bfloat16).contiguous()  # [out]; itself in the usual case
+    out = torch.empty((x.shape[0], out_features), dtype=torch.bfloat16)
+    status = cpu_kernels().linear_panels_bf16(
+        out.data_ptr(), x.data_ptr(), packed.data_ptr(),
+        None if bias is None else bias.data_ptr(), x.shape[0], out_features, in_features,
+    )  # fmt: skip
+    if status:
+        raise RuntimeError("the C kernels were built without AVX512-BF16: no panel kernel")
+    return out
+
+
 def draw_rows(
     logits: torch.Tensor, rows: list[int], temperatures: torch.Tensor, uniforms: torch.Tensor
 ) -> torch.Tensor:
@@ -163,6 +218,33 @@ def quant_rows(
     out_features, in_features = check_blocks_hold(blocks, quant, x)
     kernel = getattr(cpu_kernels(), f"quant_rows_{quant.lower()}")
     return _rows_through(kernel, x, out_features, blocks.contiguous(), None, bias)
+
+
+def quant_panels(
+    x: torch.Tensor, blocks: torch.Tensor, quant: str, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Many bfloat16 rows through a GGUF-quantized linear layer: x [N, in] bfloat16 -> [N,
+    out] bfloat16, the weights widened to bfloat16 (as `dequantize_blocks(..., bfloat16)`)
+    a pair of panels at a time in cache and multiplied there by the panel kernel
+    (`quant_rows.c`, `bf16_panels.c`). Needs `panels_native()` and out a multiple of 32."""
+    out_features, in_features = check_blocks_hold(blocks, quant, x)
+    if x.dtype is not torch.bfloat16 or out_features % (2 * PANEL):
+        raise ValueError(
+            f"quant_panels takes bfloat16 rows and a multiple of {2 * PANEL} outputs, got "
+            f"{x.dtype} rows and {out_features} outputs"
+        )
+    x = x.contiguous()
+    if bias is not None:
+        bias = bias.detach().to(torch.bfloat16).contiguous()  # [out]
+    out = torch.empty((x.shape[0], out_features), dtype=torch.bfloat16)
+    kernel = getattr(cpu_kernels(), f"quant_panels_{quant.lower()}")
+    status = kernel(
+        out.data_ptr(), x.data_ptr(), blocks.contiguous().data_ptr(),
+        None if bias is None else bias.data_ptr(), x.shape[0], out_features, in_features,
+    )  # fmt: skip
+    if status:
+        raise MemoryError(f"quant_panels could not allocate its scratch (status {status})")
+    return out
 
 
 def int8_rows(

@@ -17,7 +17,9 @@
  * `tile_pairs`: codes and x multiplied as bfloat16 pairs); the sums are the dequantized
  * layer's but for rounding. A prefill's many rows
  * instead widen the blocks to fp32 weights, exactly the values the `gguf` package's
- * dequantize gives, and run one fp32 matrix product on them.
+ * dequantize gives, and run one fp32 matrix product on them; a bfloat16 model's many rows on
+ * a CPU with AVX512-BF16 widen them a pair of panels at a time, in cache, for the panel
+ * kernel (`quant_panels`, `bf16_panels.c`).
  */
 
 #include <math.h>
@@ -367,6 +369,115 @@ static int run_tiles(TilesFn tiles, PairsFn pairs, void *out, const void *x, con
 QUANT_ROWS(quant_rows_q8_0, tiles_q8_0, NULL)
 QUANT_ROWS(quant_rows_q4_0, tiles_q4_0, PAIRS_Q4_0)
 QUANT_ROWS(quant_rows_q4_1, tiles_q4_1, PAIRS_Q4_1)
+
+#if defined(__AVX512BF16__)
+#include <omp.h>
+
+#include "bf16_panels.h"
+
+/* Sixteen rows of sixteen 32-bit words transposed in registers: r[j] word l <- r[l] word j
+ * (pairs of 32-bit words, then of 64-bit ones, then 128-bit lanes twice: 64 shuffles). */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* One block's 32 weights rounded to bfloat16, in order, as one register: what widen_block
+ * and narrow16 give. A 4-bit block has 16 possible weights: those are computed (the same
+ * fp32 arithmetic) and rounded once, and each code looks its weight up (vpermw), half the
+ * operations of widening all 32. Rounding is to nearest even in one instruction, as
+ * narrow16, which it differs from only on subnormal floats (no weight here is one). */
+ALWAYS_INLINE __m512i block_bf16(const uint8_t *block, Quant t) {
+    if (t == Q4_0 || t == Q4_1) {
+        const f32x16 codes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+        const float d = half_at(block);
+        const f32x16 values = t == Q4_0 ? (codes - 8.0f) * d : codes * d + half_at(block + 2);
+        const __m256i rounded = (__m256i)_mm512_cvtneps_pbh((__m512)values); /* 16 bf16 */
+        const __m512i table = _mm512_castsi256_si512(rounded);
+        const uint8_t *nibbles = block + (t == Q4_1 ? 4 : 2);
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)nibbles));
+        const __m512i index = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_and_si256(bytes, _mm256_set1_epi16(0x0f))),
+            _mm256_srli_epi16(bytes, 4), 1); /* codes 0-15: low nibbles, 16-31: high */
+        return _mm512_permutexvar_epi16(index, table);
+    }
+    f32x16 v[2];
+    widen_block(v, block, t);
+    return (__m512i)_mm512_cvtne2ps_pbh((__m512)v[1], (__m512)v[0]);
+}
+
+/* Weight rows 16p .. 16p + 15 widened, rounded to bfloat16 (the weights
+ * `dequantize_*_bf16` gives) and laid out as one panel of `bf16_panels.c`: [k / 2][16][2].
+ * Per block of 32 weights, each row's 16 pairs (a pair: two consecutive weights, one 32-bit
+ * word) fill a register; transposed, register j holds pair j of the 16 rows, one 64-byte
+ * line of the panel. */
+ALWAYS_INLINE void widen_panel(uint16_t *restrict panel, const uint8_t *w, int64_t p, int64_t k,
+                               Quant t) {
+    const int64_t bytes = block_bytes(t), row_bytes = k / BLOCK * bytes;
+    for (int64_t b = 0; b < k / BLOCK; b++) {
+        __m512i rows[PANEL];
+        for (int l = 0; l < PANEL; l++)
+            rows[l] = block_bf16(w + (p * PANEL + l) * row_bytes + b * bytes, t);
+        transpose16(rows);
+        for (int j = 0; j < BLOCK / 2; j++)
+            memcpy(panel + (b * BLOCK / 2 + j) * 2 * PANEL, &rows[j], sizeof rows[j]);
+    }
+}
+
+/* A bfloat16 model's many rows (a prefill, a large decode batch) against blocks: each pair
+ * of panels is widened into its thread's scratch (64 k bytes, in L2) and multiplied there by
+ * the panel kernel, so the widened weight never goes out to memory and back (widening the
+ * whole matrix first writes and reads twice the bfloat16 bytes a step). Returns 0, or -1
+ * without memory. */
+static int quant_panels(uint16_t *out, const uint16_t *x, const uint8_t *w, const uint16_t *bias,
+                        int64_t m, int64_t n, int64_t k, Quant t) {
+    const int64_t scratch_values = 2 * k * PANEL; /* two panels */
+    uint16_t *scratch = malloc(omp_get_max_threads() * scratch_values * sizeof(uint16_t));
+    if (scratch == NULL) return -1;
+#pragma omp parallel for schedule(static)
+    for (int64_t q = 0; q < n / (2 * PANEL); q++) {
+        uint16_t *mine = scratch + omp_get_thread_num() * scratch_values;
+        widen_panel(mine, w, 2 * q, k, t);
+        widen_panel(mine + k * PANEL, w, 2 * q + 1, k, t);
+        panel_rows(out, x, mine, mine + k * PANEL, bias, m, n, k, 2 * PANEL * q, NULL);
+    }
+    free(scratch);
+    return 0;
+}
+#define QUANT_PANELS(NAME, QUANT)                                                              \
+    int NAME(uint16_t *out, const uint16_t *x, const uint8_t *w, const uint16_t *bias,         \
+             int64_t m, int64_t n, int64_t k) {                                                \
+        return quant_panels(out, x, w, bias, m, n, k, QUANT);                                  \
+    }
+#else
+#define QUANT_PANELS(NAME, QUANT)                                                              \
+    int NAME(uint16_t *out, const uint16_t *x, const uint8_t *w, const uint16_t *bias,         \
+             int64_t m, int64_t n, int64_t k) {                                                \
+        (void)out, (void)x, (void)w, (void)bias, (void)m, (void)n, (void)k;                    \
+        return -2; /* no AVX512-BF16: `cpu_ops.quant_panels` is not called */                 \
+    }
+#endif
+QUANT_PANELS(quant_panels_q8_0, Q8_0)
+QUANT_PANELS(quant_panels_q4_0, Q4_0)
+QUANT_PANELS(quant_panels_q4_1, Q4_1)
 
 /* Rows of x against int8 weights w [n, k] with one scale per output channel:
  * out[i, r] = scales[r] * sum_j x[i, j] * w[r, j] (+ bias[r]). */

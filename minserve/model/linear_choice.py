@@ -88,7 +88,7 @@ def tune_kernel_rows(model: nn.Module, rows: LinearRows = MEASURED) -> dict[Shap
     is a number, else measured once per process, shape and thread count."""
     groups: dict[Shape, list[PackedLinear]] = defaultdict(list)
     for m in model.modules():
-        if isinstance(m, PackedLinear):
+        if isinstance(m, PackedLinear) and not m.panels:  # panels: one kernel for all rows
             groups[shape_of(m)].append(m)
     chosen = {}
     for shape, linears in groups.items():

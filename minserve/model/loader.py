@@ -23,7 +23,7 @@ from minserve.model.hf_loader import config_from_hf, weights_from_hf
 from minserve.model.int8_linear import use_int8_weights
 from minserve.model.linear_choice import Shape, tune_kernel_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
-from minserve.model.packed_linear import prepack_linears
+from minserve.model.packed_linear import PackedLinear, prepack_linears
 from minserve.model.quantized_linear import QUANTS, use_quantized_blocks, weight_bytes
 from minserve.model.tokenizer import Tokenizer
 from minserve.model_config import ModelConfig
@@ -154,16 +154,24 @@ def set_up_execution(net: CausalLM, execution: ExecutionConfig) -> ExecutionConf
     net.use_c_kernels(execution.c_kernels)
     if not execution.prepack:
         return execution
-    prepack_linears(net)
+    prepack_linears(net, panels=execution.c_kernels)
     # oneDNN or the few-row C kernel for a decode's rows, per layer shape, on this CPU
+    # (layers packed in panels take their own kernel at every row count)
     rows = tune_kernel_rows(net, execution.linear_rows)
     if execution.greedy_screen:
         attach_greedy_screen(net)  # greedy rows read the head in bfloat16, exactly
     return replace(
         execution,
         rows_by_shape=tuple((shape_name(shape), n) for shape, n in rows.items()),
+        packed_as=packed_as(net),
         greedy_screen=net.greedy_screen is not None,
     )
+
+
+def packed_as(net: CausalLM) -> str:
+    """How the loader packed the linears: "panels", "oneDNN" or "panels+oneDNN"."""
+    kinds = {m.panels for m in net.modules() if isinstance(m, PackedLinear)}
+    return "+".join(name for on, name in ((True, "panels"), (False, "oneDNN")) if on in kinds)
 
 
 def shape_name(shape: Shape) -> str:

@@ -18,7 +18,14 @@ plain C loop that streams the row-major weight (`kernels/linear_rows.c`) beat bo
 MKL on the Xeon we measured. `kernel_rows` says up to how many rows it takes over; the
 loader measures that per layer shape on the machine (`linear_choice.py`).
 
-`benchmarks/packed_linear.md` and `benchmarks/linear_rows.md` have the speed-ups measured.
+A bfloat16 weight on a CPU with AVX512-BF16 is packed another way: into panels of bfloat16
+pairs (`cpu_ops.pack_panels`), which minserve's own kernel (`kernels/bf16_panels.c`)
+multiplies for any number of rows, one row to a prefill's thousands. It beat oneDNN's packed
+kernel at every row count measured, most at a decode's 8 to 64 rows, where it keeps both
+cores' multiply-adds busy and oneDNN does not; nor does it build a kernel per row count.
+
+`benchmarks/packed_linear.md`, `benchmarks/linear_rows.md` and `benchmarks/bf16_panels.md`
+have the speed-ups measured.
 """
 
 from __future__ import annotations
@@ -38,16 +45,24 @@ class PackedLinear(nn.Module):
     Inputs of at most `kernel_rows` rows (fp32 or bfloat16) go to the few-row C kernel on
     `weight` instead (`cpu_ops.linear_rows`; `linear_choice.py` measures where it wins),
     while the `c_kernels` switch is on (`CausalLM.use_c_kernels`).
+
+    With `panels` (a bfloat16 weight the panel kernel takes, `cpu_ops.panels_apply`),
+    `packed` holds the weight in panels of pairs instead and every input goes to
+    `cpu_ops.linear_panels`; with the switch off, to `F.linear` on `weight`.
     """
 
     kernel_rows: int = 0
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, panels: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # [out, in]
         self.bias = linear.bias
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.panels = panels and cpu_ops.panels_apply(linear.weight)
+        if self.panels:
+            packed = cpu_ops.pack_panels(linear.weight)  # [out / 16, in / 2, 16, 2]
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.register_buffer("packed", packed, persistent=False)
         # detached once here, not on every call (the same storage as `weight` and `bias`)
         self._weight = linear.weight.detach().contiguous()  # [out, in], row-major
@@ -56,6 +71,11 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
+        if self.panels:
+            if self.c_kernels and cpu_ops.linear_applies(rows, self._weight):
+                out = cpu_ops.linear_panels(rows, self.packed, self._bias)  # [N, out]
+                return out if rows is x else out.view(*x.shape[:-1], self.out_features)
+            return F.linear(x, self.weight, self.bias)
         num_rows = rows.shape[0]
         few = num_rows <= self.kernel_rows and self.c_kernels
         if few and cpu_ops.linear_applies(rows, self._weight):
@@ -71,7 +91,7 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         shape = f"in_features={self.in_features}, out_features={self.out_features}"
-        return f"{shape}, bias={self.bias is not None}, oneDNN"
+        return f"{shape}, bias={self.bias is not None}, {'panels' if self.panels else 'oneDNN'}"
 
 
 def padded_rows(num_rows: int) -> int:
@@ -81,8 +101,9 @@ def padded_rows(num_rows: int) -> int:
     return -(-num_rows // unit) * unit
 
 
-def prepack_linears(model: nn.Module) -> int:
-    """Replace every `nn.Linear` inside `model` by a `PackedLinear`; return how many."""
+def prepack_linears(model: nn.Module, panels: bool = False) -> int:
+    """Replace every `nn.Linear` inside `model` by a `PackedLinear` (bfloat16 pair panels
+    where `panels` is set and the weight allows, else oneDNN's layout); return how many."""
     targets = [
         (parent, name, child)
         for parent in model.modules()
@@ -90,5 +111,5 @@ def prepack_linears(model: nn.Module) -> int:
         if type(child) is nn.Linear
     ]
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, PackedLinear(child, panels))
     return len(targets)

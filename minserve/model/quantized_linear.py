@@ -8,9 +8,11 @@ vLLM's `quantization="gguf"`). `LLM(model="file.gguf", quantization="gguf")` bui
 
 - `QuantizedLinear`: a decode's few rows go through the C kernel that reads the blocks
   (`kernels/quant_rows.c`); more rows (a prefill) widen the whole weight for the call and
-  run one matrix product (fp32, or bf16 in a bf16 model), compute-bound there anyway. On
-  a GPU every step runs the Triton kernel that widens the blocks inside the matrix product
-  (`triton_quant.py`).
+  run one matrix product (fp32, or bf16 in a bf16 model), compute-bound there anyway; in a
+  bf16 model on a CPU with AVX512-BF16 the weight is widened a pair of panels at a time
+  into cache and multiplied there by the panel kernel (`cpu_ops.quant_panels`), never
+  written out whole. On a GPU every step runs the Triton kernel that widens the blocks
+  inside the matrix product (`triton_quant.py`).
 - `QuantizedEmbedding`: looks up the blocks of the step's token ids and widens just those.
 
 `dequantize` (`quant_blocks.py`) is the reference: the `gguf` package's arithmetic (fp16
@@ -67,6 +69,8 @@ class QuantizedLinear(nn.Module):
         elif rows.shape[0] <= KERNEL_ROWS and self.c_kernels and _kernel_applies(rows):
             # [N, out] in x's dtype, the bias added in fp32 before the one rounding
             return cpu_ops.quant_rows(rows, self.blocks, self.quant, self.bias).view(shape)
+        elif self.panels_apply(rows):  # a bf16 model's many rows: widened panel by panel
+            return cpu_ops.quant_panels(rows, self.blocks, self.quant, self.bias).view(shape)
         elif rows.is_cuda:  # a GPU: the blocks widened inside Triton's matrix product
             out = quant_matmul(rows, self.blocks, self.quant)  # [N, out] fp32
         else:  # many rows: widen the weight once for this call, in the step's dtype
@@ -74,6 +78,16 @@ class QuantizedLinear(nn.Module):
             out = F.linear(rows.to(dtype), self.widened(dtype))  # [N, out]
         out = out if self.bias is None else out + self.bias.float()  # the bias added in fp32
         return out.to(x.dtype).view(shape)
+
+    def panels_apply(self, rows: torch.Tensor) -> bool:
+        """bfloat16 CPU rows, outputs a multiple of 32, the panel kernel built (AVX512-BF16)."""
+        return (
+            self.c_kernels
+            and rows.dtype is torch.bfloat16
+            and rows.is_cpu
+            and self.out_features % (2 * cpu_ops.PANEL) == 0
+            and cpu_ops.panels_native()
+        )
 
     def widened(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out, in] in `dtype` (fp32, or bf16 rounded from it): in C where it
