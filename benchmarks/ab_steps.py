@@ -61,3 +61,20 @@ def ab_decode_steps(
         row[f"{name}_p50_ms"] = round(ms[len(ms) // 2], 2)
     row["speedup_p50"] = round(row[f"{off_name}_p50_ms"] / row[f"{on_name}_p50_ms"], 3)
     return row
+
+
+def steps_table(rows: list[dict], names: tuple[str, str], labels: tuple[str, str]) -> list[str]:
+    """`ab_decode_steps` rows as a markdown table: names as the rows' keys call the two
+    sides (on, off), labels as the table's headers call them."""
+    on, off = names
+    on_label, off_label = labels
+    return [
+        f"| batch | {off_label} p10 | p50 | {on_label} p10 | p50 | speed-up (p50) | same tokens |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['batch']} | {r[f'{off}_p10_ms']} | {r[f'{off}_p50_ms']} | "
+            f"{r[f'{on}_p10_ms']} | {r[f'{on}_p50_ms']} | {r['speedup_p50']}x | "
+            f"{r['same_tokens']} |"
+            for r in rows
+        ),
+    ]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.ab_steps import ab_decode_steps
+from benchmarks.ab_steps import ab_decode_steps, steps_table
 from benchmarks.run_env import RunRecord, command_line
 from minserve.kernels import cpu_ops
 from minserve.llm import LLM
@@ -109,13 +109,7 @@ def write(passes: dict[str, list[dict]], steps: list[dict], run: RunRecord) -> N
         "every step's tokens equal an all-oneDNN engine's, bf16 sums in another order can "
         "flip a near tie):",
         "",
-        "| batch | oneDNN p10 | p50 | panels p10 | p50 | speed-up (p50) | same tokens |",
-        "|---|---|---|---|---|---|---|",
-        *(
-            f"| {r['batch']} | {r['onednn_p10_ms']} | {r['onednn_p50_ms']} | {r['panels_p10_ms']} "
-            f"| {r['panels_p50_ms']} | {r['speedup_p50']}x | {r['same_tokens']} |"
-            for r in steps
-        ),
+        *steps_table(steps, ("panels", "onednn"), ("panels", "oneDNN")),
     ]
     (HERE / "bf16_panels.md").write_text("\n".join(lines) + "\n")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.ab_steps import ab_decode_steps
+from benchmarks.ab_steps import ab_decode_steps, steps_table
 from benchmarks.run_env import RunRecord, command_line
 from minserve.llm import LLM
 from minserve.model.greedy_head import GreedyScreen
@@ -83,14 +83,8 @@ def write(head: list[dict], steps: list[dict], run: RunRecord) -> None:
         "Engine decode steps, bundled SmolLM2-135M fp32, greedy, prompts of 128 tokens, the "
         "screen on and off for alternate steps of one engine (ms):",
         "",
-        "| batch | fp32 head p10 | p50 | screen p10 | p50 | speed-up (p50) | same tokens |",
-        "|---|---|---|---|---|---|---|",
+        *steps_table(steps, ("screen", "dense"), ("screen", "fp32 head")),
     ]
-    for r in steps:
-        lines.append(
-            f"| {r['batch']} | {r['dense_p10_ms']} | {r['dense_p50_ms']} | {r['screen_p10_ms']} | "
-            f"{r['screen_p50_ms']} | {r['speedup_p50']}x | {r['same_tokens']} |"
-        )
     (HERE / "greedy_head.md").write_text("\n".join(lines) + "\n")
 
 

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.ab_steps import ab_decode_steps
+from benchmarks.ab_steps import ab_decode_steps, steps_table
 from benchmarks.run_env import RunRecord, command_line
 from minserve.kernels import cpu_ops
 from minserve.llm import LLM
@@ -86,13 +86,7 @@ def write(passes: dict[str, list[dict]], steps: list[dict], tuned: dict, run: Ru
         "Engine decode steps, bundled SmolLM2-135M fp32, greedy, prompts of 128 tokens, the "
         "kernel on and off (oneDNN) for alternate steps of one engine (ms):",
         "",
-        "| batch | oneDNN p10 | p50 | kernel p10 | p50 | speed-up (p50) | same tokens |",
-        "|---|---|---|---|---|---|---|",
-        *(
-            f"| {r['batch']} | {r['onednn_p10_ms']} | {r['onednn_p50_ms']} | {r['kernel_p10_ms']} "
-            f"| {r['kernel_p50_ms']} | {r['speedup_p50']}x | {r['same_tokens']} |"
-            for r in steps
-        ),
+        *steps_table(steps, ("kernel", "onednn"), ("kernel", "oneDNN")),
     ]
     (HERE / "linear_rows.md").write_text("\n".join(lines) + "\n")
 
