@@ -313,16 +313,23 @@ class AsyncEngine:
         in_step = None if error.request_ids is None else set(error.request_ids)
         failed = [rid for rid in self._sinks if in_step is None or rid in in_step]
         self.metrics.step_failed(failed)
-        self._fail(failed, EngineStepError(f"{error}; request aborted"))
+        sinks = self._abort(failed)
+        self._publish_stats()  # before anyone hears: a client told of it sees the aborts
+        self._send(sinks, EngineStepError(f"{error}; request aborted"))
 
     def _fail_all(self, error: BaseException) -> None:
         self._fail(list(self._sinks), error)
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
-        """Abort these requests (their blocks go back to the pool) and send each the error.
+        """Abort these requests (their blocks go back to the pool) and send each the error."""
+        self._send(self._abort(request_ids), error)
+
+    def _abort(self, request_ids: list[str]) -> list[_Sink]:
+        """Abort these requests in the engine; their sinks, not yet told.
 
         Aborting touches no token (nothing is decoded again), so it cannot fail on the
         tokens that failed the request."""
+        sinks = []
         for request_id in request_ids:
             sink = self._sinks.pop(request_id, None)
             if sink is None:  # finished or failed already
@@ -330,4 +337,10 @@ class AsyncEngine:
             self.engine.abort_request(request_id)
             self.metrics.forget(request_id)
             self._release()
+            sinks.append(sink)
+        return sinks
+
+    @staticmethod
+    def _send(sinks: list[_Sink], error: BaseException) -> None:
+        for sink in sinks:
             sink.put(error)
