@@ -20,9 +20,10 @@ loader measures that per layer shape on the machine (`linear_choice.py`).
 
 A bfloat16 weight on a CPU with AVX512-BF16 is packed another way: into panels of bfloat16
 pairs (`cpu_ops.pack_panels`), which minserve's own kernel (`kernels/bf16_panels.c`)
-multiplies for any number of rows, one row to a prefill's thousands. It beat oneDNN's packed
-kernel at every row count measured, most at a decode's 8 to 64 rows, where it keeps both
-cores' multiply-adds busy and oneDNN does not; nor does it build a kernel per row count.
+multiplies for any number of rows, one row to a prefill's thousands. Over SmolLM2's layer
+linears it beat oneDNN's packed kernel at every row count measured (1 to 2048), most at a
+decode's 8 to 64 rows (the head alone: even from 512 rows, slower at 2048); nor does it
+build a kernel per row count.
 
 `benchmarks/packed_linear.md`, `benchmarks/linear_rows.md` and `benchmarks/bf16_panels.md`
 have the speed-ups measured.
