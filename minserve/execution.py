@@ -69,6 +69,7 @@ class ExecutionConfig:
     openmp_waits: str = "spin(10000)-then-sleep"  # how OpenMP threads wait (openmp_env.py)
     kv_cache_dtype: str = "auto"  # canonical name: "fp8" is recorded as "fp8_e4m3"
     packed_as: str = ""  # what the loader packed: "panels", "oneDNN" or "panels+oneDNN"
+    fused_decode: bool = False  # decode steps run the layers from one C call (fused_decode.py)
 
     def with_attention(self, name: str) -> ExecutionConfig:
         """This config with the attention backend `name` ("auto": the default) resolved."""
@@ -100,6 +101,7 @@ class ExecutionConfig:
             "prepack": _on_off(self.prepack) + (f"({self.packed_as})" if self.packed_as else ""),
             "linear_rows": self._rows_text(),
             "greedy_screen": _on_off(self.greedy_screen),
+            "fused_decode": _on_off(self.fused_decode),
             "quantization": self.quantization,
             "openmp_waits": self.openmp_waits,
             "kv_cache": self.kv_format.name,

@@ -200,12 +200,12 @@ def test_the_summary_names_every_choice_on_one_line() -> None:
     config = ExecutionConfig(
         device=torch.device("cpu"), dtype=torch.float32, attention="cpu", c_kernels=True,
         prepack=True, linear_rows="measured", greedy_screen=True, kernel_cache=Path("/k"),
-        rows_by_shape=(("576x576", 16), ("576x1536", 12)), packed_as="oneDNN",
+        rows_by_shape=(("576x576", 16), ("576x1536", 12)), packed_as="oneDNN", fused_decode=True,
     )  # fmt: skip
     assert config.summary() == (
         "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on(oneDNN) "
-        "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on quantization=none "
-        "openmp_waits=spin(10000)-then-sleep kv_cache=float32 kernel_cache=/k"
+        "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on fused_decode=on "
+        "quantization=none openmp_waits=spin(10000)-then-sleep kv_cache=float32 kernel_cache=/k"
     )
     fixed = cpu(MINSERVE_KERNEL_ROWS="8", MINSERVE_GREEDY_SCREEN="0").summary()
     assert "linear_rows=8 greedy_screen=off" in fixed

@@ -24,6 +24,7 @@ from minserve.attention.metadata import AttentionMetadata, PagedKVCache, kernel_
 from minserve.attention.paged_plan import StepLayout, chunk_groups, decode_groups
 from minserve.attention.paged_torch import attend_groups, is_every_row, paged_store_reference
 from minserve.kernels.build import cpu_kernels
+from minserve.kernels.decode_layers import DecodeAttention
 from minserve.kvcache.kv_format import Int8Format, attention_dtype
 
 
@@ -77,6 +78,25 @@ class CpuPagedAttention:
         if self.decode_seqs.numel() > 0:
             self.decode(out, q, k_cache, v_cache)
         return out
+
+    def kernel_decode(self, dtype: torch.dtype) -> DecodeAttention | None:
+        """This step's attention as `decode_layers.c` runs it, for rows of `dtype`: where every
+        row is a decode and the C kernels store and read the pool (its dtype `dtype`'s, or
+        int8); None otherwise (prefill chunks, an fp8 pool, the torch path)."""
+        num_rows = self.metadata.slot_mapping.shape[0]
+        if self.lib is None or self.chunks or self.fresh or self.decode_seqs.numel() != num_rows:
+            return None
+        pool = self.kv.k_cache(0).dtype
+        kv_int8 = isinstance(self.format, Int8Format) and dtype in INT8_STORES
+        if not kv_int8 and (self.format.quantized or pool is not dtype):
+            return None
+        return DecodeAttention(
+            slots=self.metadata.slot_mapping, tables=self.tables,
+            context_lens=self.context_lens, seqs=self.decode_seqs, rows=self.decode_rows,
+            block_size=self.kv.k_cache(0).shape[1],
+            scale=self.scale,
+            kv_int8=kv_int8, caches=lambda layer: (self.kv.k_cache(layer), self.kv.v_cache(layer)),
+        )  # fmt: skip
 
     def fresh_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """A prompt's first chunk over itself, in the cache's attention dtype."""

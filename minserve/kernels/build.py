@@ -65,6 +65,7 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "dequantize_q4_1_bf16": (None, [_ptr] * 2 + [_i64] * 2),
     "bf16_logits_f32": (None, [_ptr] * 3 + [_i64] * 3),
     "screen_candidates_f32": (None, [_ptr] * 6 + [_i64] * 2),
+    "decode_layers": (ctypes.c_int, [_ptr, _ptr, _i64, _ptr, _i64]),
 }
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
 from minserve.kernels.cpu_ops import QUANT_BLOCK
+from minserve.kernels.decode_layers import KernelLinear
 from minserve.model.quantized_linear import matmul_dtype
 
 KERNEL_ROWS = 16  # up to this many rows the C kernel reads the int8 rows; more widen them once
@@ -80,6 +81,17 @@ class Int8Linear(nn.Module):
             and cpu_kernels() is not None
             and cpu_ops.applies(rows)
         )
+
+    def kernel(self, num_rows: int, dtype: torch.dtype) -> KernelLinear | None:
+        """The C kernel `forward` runs on `num_rows` CPU rows of `dtype`, with what it reads
+        (`fused_decode.py` calls it from C); None where forward widens the weight in torch."""
+        if num_rows > KERNEL_ROWS or not self.c_kernels or dtype not in cpu_ops.KERNEL_DTYPES:
+            return None
+        if self.in_features % QUANT_BLOCK or cpu_kernels() is None:
+            return None
+        bias = None if self.bias is None else self.bias.detach().to(torch.float32).contiguous()
+        shape = (self.out_features, self.in_features)
+        return KernelLinear("int8 rows", self.qweight, *shape, bias, self.scales)
 
     def extra_repr(self) -> str:
         shape = f"in_features={self.in_features}, out_features={self.out_features}"

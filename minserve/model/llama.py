@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minserve.kernels import cpu_ops
+from minserve.model.fused_decode import FusedDecode
 from minserve.model.greedy_head import GreedyScreen, screens
 from minserve.model.ops import MODEL_OPS, ModelOps
 from minserve.model.rope import rope_inverse_frequencies
@@ -203,6 +204,7 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.greedy_screen: GreedyScreen | None = None  # set by the loader on a CPU
+        self.fused_decode: FusedDecode | None = None  # set by the loader: decode layers in C
         self.c_kernels = True  # the execution config's switch, for the screen
         self.ops: ModelOps = MODEL_OPS  # what the layers compute with (`use_ops`)
 
@@ -212,6 +214,13 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if hasattr(module, "c_kernels"):
                 module.c_kernels = on
+        self.layers_changed()
+
+    def layers_changed(self) -> None:
+        """Called when a switch changes which kernels the layers run: the fused decode loop
+        builds its structs again."""
+        if self.fused_decode is not None:
+            self.fused_decode.clear()
 
     def use_ops(self, ops: ModelOps) -> None:
         """Compute RMSNorm, RoPE (its frequencies too) and SwiGLU with `ops` in every layer
@@ -223,6 +232,7 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if hasattr(module, "ops"):
                 module.ops = ops
+        self.layers_changed()
 
     def forward(
         self,
@@ -237,9 +247,19 @@ class CausalLM(nn.Module):
         of early-exit self-speculation (LayerSkip) reads the same head from there."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rotation = self.rope(positions, x.dtype)
+        if num_layers is None and self.fused_decode is not None and self.runs_own_kernels:
+            # a decode step whose every layer runs C kernels: the same kernels from one C call
+            hidden = self.fused_decode(x, rotation.cos, rotation.sin, attention)
+            if hidden is not None:
+                return self.model.norm(hidden)
         for i, layer in enumerate(self.model.layers[:num_layers]):
             x = layer(x, rotation, attention, i)
         return self.model.norm(x)
+
+    @property
+    def runs_own_kernels(self) -> bool:
+        """The C kernels are on and the layers compute with minserve's own ops."""
+        return self.c_kernels and self.ops is MODEL_OPS
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> fp32 logits [N, vocab] (only for tokens we sample from)."""

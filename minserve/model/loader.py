@@ -11,6 +11,7 @@ from minserve.device import use_device
 from minserve.errors import ModelLoadError
 from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.model.default_model import default_model_path
+from minserve.model.fused_decode import FusedDecode
 from minserve.model.fused_projections import fuse_projections
 from minserve.model.gguf_loader import (
     config_from_gguf,
@@ -160,8 +161,11 @@ def set_up_execution(net: CausalLM, execution: ExecutionConfig) -> ExecutionConf
     rows = tune_kernel_rows(net, execution.linear_rows)
     if execution.greedy_screen:
         attach_greedy_screen(net)  # greedy rows read the head in bfloat16, exactly
+    if execution.c_kernels and FusedDecode.fits(net.config, net.model.layers):
+        net.fused_decode = FusedDecode(net.config, net.model.layers)
     return replace(
         execution,
+        fused_decode=net.fused_decode is not None,
         rows_by_shape=tuple((shape_name(shape), n) for shape, n in rows.items()),
         packed_as=packed_as(net),
         greedy_screen=net.greedy_screen is not None,

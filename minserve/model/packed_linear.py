@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minserve.kernels import cpu_ops
+from minserve.kernels.decode_layers import KernelLinear
 
 
 class PackedLinear(nn.Module):
@@ -89,6 +90,22 @@ class PackedLinear(nn.Module):
         if rows is x:  # a decode step's usual case: nothing to cut or reshape
             return out
         return out[:num_rows].view(*x.shape[:-1], self.out_features)  # [..., out]
+
+    def kernel(self, num_rows: int, dtype: torch.dtype) -> KernelLinear | None:
+        """The C kernel `forward` runs on `num_rows` CPU rows of `dtype`, with what it reads
+        (`fused_decode.py` calls it from C); None where forward runs oneDNN or torch."""
+        if not self.c_kernels or dtype is not self._weight.dtype:
+            return None
+        if dtype not in cpu_ops.KERNEL_DTYPES or not self._weight.is_cpu:
+            return None
+        shape = (self.out_features, self.in_features)
+        if self.panels:
+            bias = None if self._bias is None else self._bias.to(torch.bfloat16).contiguous()
+            return KernelLinear("panels", self.packed, *shape, bias)
+        if num_rows <= self.kernel_rows:
+            bias = None if self._bias is None else self._bias.to(self._weight.dtype).contiguous()
+            return KernelLinear("rows", self._weight, *shape, bias)
+        return None
 
     def extra_repr(self) -> str:
         shape = f"in_features={self.in_features}, out_features={self.out_features}"

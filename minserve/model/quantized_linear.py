@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
 from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
+from minserve.kernels.decode_layers import KernelLinear
 from minserve.model.quant_blocks import QuantCodec, dequantize
 from minserve.model.triton_quant import quant_matmul
 
@@ -88,6 +89,22 @@ class QuantizedLinear(nn.Module):
             and self.out_features % (2 * cpu_ops.PANEL) == 0
             and cpu_ops.panels_native()
         )
+
+    def kernel(self, num_rows: int, dtype: torch.dtype) -> KernelLinear | None:
+        """The C kernel `forward` runs on `num_rows` CPU rows of `dtype`, with what it reads
+        (`fused_decode.py` calls it from C); None where forward runs torch or a codec."""
+        if self.codec is not None or not self.c_kernels or dtype not in cpu_ops.KERNEL_DTYPES:
+            return None
+        shape = (self.out_features, self.in_features)
+        bias = None if self.bias is None else self.bias.detach()
+        if num_rows <= KERNEL_ROWS:
+            bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+            return KernelLinear(f"{self.quant} rows", self.blocks, *shape, bias32)
+        if dtype is torch.bfloat16 and self.out_features % (2 * cpu_ops.PANEL) == 0:
+            if cpu_ops.panels_native():
+                bias16 = None if bias is None else bias.to(torch.bfloat16).contiguous()
+                return KernelLinear(f"{self.quant} panels", self.blocks, *shape, bias16)
+        return None
 
     def widened(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out, in] in `dtype` (fp32, or bf16 rounded from it): in C where it
@@ -174,4 +191,6 @@ def use_quant_codec(model: nn.Module, codec: QuantCodec | None) -> int:
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)]
     for layer in layers:
         layer.codec = codec
+    if hasattr(model, "layers_changed"):
+        model.layers_changed()  # the fused decode loop must not run past the codec
     return len(layers)
