@@ -123,6 +123,7 @@ def main() -> None:
     command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     base = LLM(dtype="bfloat16")
+    base.loaded.model.fused_decode = None  # both sides walk the layers in Python
     linears = [m for m in base.loaded.model.modules() if isinstance(m, PackedLinear)]
     if not all(m.panels for m in linears):
         raise SystemExit("the panel kernel needs a CPU with AVX512-BF16 and the C kernels built")

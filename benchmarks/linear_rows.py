@@ -100,6 +100,7 @@ def main() -> None:
     command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     base = LLM()
+    base.loaded.model.fused_decode = None  # both sides walk the layers in Python
     linears = [m for m in base.loaded.model.modules() if isinstance(m, PackedLinear)]
     if not cpu_ops.applies(linears[0]._weight):
         raise SystemExit("the few-row kernel needs fp32 weights and the C kernels built")
