@@ -28,7 +28,7 @@ from minserve.server.background import BackgroundServer
 from minserve.server.serving import ServerConfig
 
 PROMPTS = ["The capital of France is", "One two three four five six seven eight nine ten"]
-MAX_TOKENS = 64
+MAX_TOKENS = 100  # long enough that both streams still decode when the victim dies
 OPTIONS = dict(block_size=4, num_blocks=64)
 BODY = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 

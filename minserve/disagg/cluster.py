@@ -185,8 +185,12 @@ def start_cluster(
 def stop_cluster(
     procs: dict[int, BaseProcess], control: dist.ProcessGroup, alive: set[int]
 ) -> None:
-    """Rank 0: tell the live instances to stop, wait for them, leave the group."""
+    """Rank 0: tell the live instances to stop, wait for them, leave the group. A process
+    that has exited is not sent to (a send to a peer that died while idle, unnoticed, can
+    wait out the group's timeout)."""
     for rank in sorted(alive):
+        if not procs[rank].is_alive():
+            continue
         try:
             send_json({"stop": True}, rank, control)
         except (RuntimeError, dist.DistError):
