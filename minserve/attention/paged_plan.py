@@ -64,11 +64,7 @@ class StepLayout:
 
     @classmethod
     def read(cls, metadata: AttentionMetadata, block_size: int) -> StepLayout:
-        if metadata.block_tables.shape[1] * block_size < metadata.max_context_len:
-            raise ValueError(
-                f"block tables have {metadata.block_tables.shape[1]} blocks of {block_size} "
-                f"tokens, too few for a context of {metadata.max_context_len} tokens"
-            )
+        check_tables(metadata, block_size)
         return cls(
             metadata.query_start_loc.tolist(),
             metadata.context_lens.tolist(),
@@ -87,14 +83,14 @@ class StepLayout:
         """The sequences with one query token."""
         return [i for i in range(len(self.contexts)) if self.query_len(i) == 1]
 
-    @property
-    def fresh_prefills(self) -> list[slice]:
-        """The rows of each prompt computed from its first token (nothing cached before it)."""
-        return [
-            slice(start, start + self.query_len(i))
-            for i, (start, context) in enumerate(zip(self.starts, self.contexts))
-            if self.query_len(i) > 1 and context == self.query_len(i)
-        ]
+
+def check_tables(metadata: AttentionMetadata, block_size: int) -> None:
+    """The block tables are wide enough for the longest context of the step."""
+    if metadata.block_tables.shape[1] * block_size < metadata.max_context_len:
+        raise ValueError(
+            f"block tables have {metadata.block_tables.shape[1]} blocks of {block_size} "
+            f"tokens, too few for a context of {metadata.max_context_len} tokens"
+        )
 
 
 def decode_groups(step: StepLayout, dtype: torch.dtype) -> list[AttentionGroup]:
@@ -117,14 +113,13 @@ def decode_groups(step: StepLayout, dtype: torch.dtype) -> list[AttentionGroup]:
     return groups
 
 
-def chunk_groups(step: StepLayout, dtype: torch.dtype, fresh: bool = True) -> list[AttentionGroup]:
-    """One group per prefill or extend chunk (more than one query token); `fresh=False`
-    leaves out the chunks that start a prompt (see `StepLayout.fresh_prefills`)."""
+def chunk_groups(step: StepLayout, dtype: torch.dtype) -> list[AttentionGroup]:
+    """One group per prefill or extend chunk (more than one query token)."""
     device = step.tables.device
     groups = []
     for i, (start, context) in enumerate(zip(step.starts, step.contexts)):
         n = step.query_len(i)
-        if n > 1 and (fresh or context > n):
+        if n > 1:
             groups.append(
                 make_group(
                     rows=slice(start, start + n),

@@ -428,14 +428,24 @@ ALWAYS_INLINE __m512i block_bf16(const uint8_t *block, Quant t) {
  * `dequantize_*_bf16` gives) and laid out as one panel of `bf16_panels.c`: [k / 2][16][2].
  * Per block of 32 weights, each row's 16 pairs (a pair: two consecutive weights, one 32-bit
  * word) fill a register; transposed, register j holds pair j of the 16 rows, one 64-byte
- * line of the panel. */
+ * line of the panel.
+ *
+ * A block column touches 16 rows' lines at once, which the hardware prefetcher does not
+ * foresee: the loads waited on memory. So the next panel's blocks (16 rows, contiguous) are
+ * fetched into L2 while this one widens, a line per block and row (over SmolLM2's Q4_1
+ * layers at one row of x: 16.3 -> 10.4 ms a step; its Q8_0 head: 5.1 -> 2.7 ms). `has_next`:
+ * whether panel p + 1 exists. */
 ALWAYS_INLINE void widen_panel(uint16_t *restrict panel, const uint8_t *w, int64_t p, int64_t k,
-                               Quant t) {
+                               int has_next, Quant t) {
     const int64_t bytes = block_bytes(t), row_bytes = k / BLOCK * bytes;
+    const uint8_t *next = w + (p + 1) * PANEL * row_bytes;
+    const int64_t lines = has_next ? PANEL * row_bytes / 64 : 0;
     for (int64_t b = 0; b < k / BLOCK; b++) {
         __m512i rows[PANEL];
-        for (int l = 0; l < PANEL; l++)
+        for (int l = 0; l < PANEL; l++) {
+            if (b * PANEL + l < lines) __builtin_prefetch(next + (b * PANEL + l) * 64, 0, 2);
             rows[l] = block_bf16(w + (p * PANEL + l) * row_bytes + b * bytes, t);
+        }
         transpose16(rows);
         for (int j = 0; j < BLOCK / 2; j++)
             memcpy(panel + (b * BLOCK / 2 + j) * 2 * PANEL, &rows[j], sizeof rows[j]);
@@ -455,8 +465,8 @@ static int quant_panels(uint16_t *out, const uint16_t *x, const uint8_t *w, cons
 #pragma omp parallel for schedule(static)
     for (int64_t q = 0; q < n / (2 * PANEL); q++) {
         uint16_t *mine = scratch + omp_get_thread_num() * scratch_values;
-        widen_panel(mine, w, 2 * q, k, t);
-        widen_panel(mine + k * PANEL, w, 2 * q + 1, k, t);
+        widen_panel(mine, w, 2 * q, k, 1, t);
+        widen_panel(mine + k * PANEL, w, 2 * q + 1, k, 2 * q + 2 < n / PANEL, t);
         panel_rows(out, x, mine, mine + k * PANEL, bias, m, n, k, 2 * PANEL * q, NULL);
     }
     free(scratch);
