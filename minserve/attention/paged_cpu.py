@@ -51,14 +51,13 @@ class CpuPagedAttention:
             self.groups = plan_step(metadata, cache.shape[1], attention_dtype(cache.dtype))
         # each query row is one query of the kernel: its sequence's block table and its own
         # context, its position + 1 (a decode's is the sequence's)
-        seq_of_row = torch.repeat_interleave(metadata.query_lens.long())  # [T] int64
-        self.all_decodes = bool((metadata.query_lens == 1).all())  # row i: sequence i
-        first_row = metadata.query_start_loc.long()[seq_of_row]  # [T]
-        past = (metadata.context_lens - metadata.query_lens).long()[seq_of_row]  # [T]
-        self.rows = torch.arange(seq_of_row.numel(), dtype=torch.int64)  # [T]
+        self.seqs = torch.repeat_interleave(metadata.query_lens.long())  # [T] int64
+        self.rows = torch.arange(self.seqs.numel(), dtype=torch.int64)  # [T]
+        first_row = metadata.query_start_loc.long()[self.seqs]  # [T]
+        past = (metadata.context_lens - metadata.query_lens).long()[self.seqs]  # [T]
         self.context_lens = (past + self.rows - first_row + 1).to(torch.int32)  # [T]
-        tables = metadata.block_tables  # [num_seqs, max_blocks] int32
-        self.tables = (tables if self.all_decodes else tables[seq_of_row]).contiguous()
+        self.tables = metadata.block_tables.contiguous()  # [num_seqs, max_blocks] int32
+        self.all_decodes = bool((metadata.query_lens == 1).all())
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -85,7 +84,7 @@ class CpuPagedAttention:
             return None
         return DecodeAttention(
             slots=self.metadata.slot_mapping, tables=self.tables,
-            context_lens=self.context_lens, seqs=self.rows, rows=self.rows,
+            context_lens=self.context_lens, seqs=self.seqs, rows=self.rows,
             block_size=self.kv.k_cache(0).shape[1],
             scale=self.scale,
             kv_int8=kv_int8, caches=lambda layer: (self.kv.k_cache(layer), self.kv.v_cache(layer)),
@@ -140,7 +139,7 @@ class CpuPagedAttention:
         status = kernel(
             out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
             self.tables.data_ptr(), self.context_lens.data_ptr(),
-            self.rows.data_ptr(), self.rows.data_ptr(), self.rows.numel(),
+            self.seqs.data_ptr(), self.rows.data_ptr(), self.rows.numel(),
             q.stride(0), out.stride(0), self.tables.stride(0), block_size,
             num_heads, num_kv_heads, head_dim, scale, int(q.dtype == torch.bfloat16),
         )  # fmt: skip

@@ -56,8 +56,8 @@ typedef struct {
     float eps, scale;
     const void *cos, *sin; /* [m, head_dim]: each row's rotation */
     const int64_t *slots;  /* [m]: where each row's k and v go */
-    const int32_t *tables, *context_lens;
-    const int64_t *decode_seqs, *decode_rows; /* [m]: each row's sequence */
+    const int32_t *tables, *context_lens;     /* context_lens [m]: each row's keys */
+    const int64_t *decode_seqs, *decode_rows; /* [m]: each row's sequence, and 0 .. m - 1 */
     int64_t table_stride, block_size;
 } Step;
 

@@ -87,7 +87,7 @@ class DecodeAttention:
 
     slots: torch.Tensor  # [m] int64: where each row's k and v go
     tables: torch.Tensor  # [num_seqs, max_blocks] int32
-    context_lens: torch.Tensor  # [num_seqs] int32, the new token included
+    context_lens: torch.Tensor  # [m] int32: row i's keys, its new one included
     seqs: torch.Tensor  # [m] int64: row i's sequence
     rows: torch.Tensor  # [m] int64: 0 .. m - 1
     block_size: int

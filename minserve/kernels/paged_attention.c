@@ -1,10 +1,13 @@
-/* PagedAttention's two CPU kernels in C: store a step's k/v, attend for decodes.
+/* PagedAttention's two CPU kernels in C: store a step's k/v, attend for every query row.
  *
  * Plain torch runs a decode's attention as a chain of ops per layer: copy the sequence's
  * blocks out of the pool (index_select, twice), then torch's attention over the copy. For
  * one query token per sequence the arithmetic is tiny, so the copies and the ops' fixed
  * costs are most of the time. These kernels read the blocks where they lie, through the
- * block table, in one call per layer (vLLM's CPU backend does the same in C++).
+ * block table, in one call per layer (vLLM's CPU backend does the same in C++). A prompt's
+ * rows are queries too, each over the keys up to its own position: a prompt's keys sit in
+ * cache while its rows read them, and this took half the time of torch's flash attention
+ * over the prompts' own k/v (`attention/paged_cpu.py`).
  *
  * Layouts (what `paged_cpu.py` passes; strides in elements):
  *   k_cache, v_cache  [num_blocks, block_size, Hkv, row], contiguous (one layer of the pool),
@@ -18,7 +21,7 @@
  *                     a CPU with AVX512-BF16, else widens them, and rounds its output rows
  *                     back), token stride q_tok, out_tok; heads and D contiguous
  *   block_tables      [num_seqs, max_blocks] int32, row stride bt_stride
- * Query head h reads KV head h / (Hq / Hkv) (grouped-query attention). Each (sequence, KV
+ * Query head h reads KV head h / (Hq / Hkv) (grouped-query attention). Each (query row, KV
  * head) pair is one task for OpenMP: the pair's query heads share every K/V row it reads.
  * Softmax is exact (two passes over the scores), accumulated in fp32.
  *
@@ -471,13 +474,14 @@ static int bf16_task(uint16_t *out, const uint16_t *q, const void *k_cache, cons
     return failed;
 }
 
-/* Decode attention for `num_decodes` sequences: sequence seqs[i] has its query token at row
- * rows[i], its blocks in block_tables[seqs[i]] and context_lens[seqs[i]] keys (its own new
- * key included, already stored). q and out are fp32, or bfloat16 where `io_bf16` (a
- * bfloat16 model's step, whatever the cache's format). One task per sequence, reading each
- * slot's KV heads as one run; with fewer sequences than threads, one task per (sequence, KV
- * head) instead, so that every thread has work. Returns 0, or -1 when scratch memory ran
- * out. */
+/* Attention for `num_decodes` query rows: query i is the token at row rows[i] of sequence
+ * seqs[i], whose blocks are block_tables[seqs[i]], and reads the first context_lens[i] keys
+ * of it (its own, already stored, the last): a decode's whole context, or a prompt row's
+ * keys up to its own position, so a prefill chunk is as many queries as it has rows. q and
+ * out are fp32, or bfloat16 where `io_bf16` (a bfloat16 model's step, whatever the cache's
+ * format). One task per query, reading each slot's KV heads as one run; with fewer queries
+ * than threads, one task per (query, KV head) instead, so that every thread has work.
+ * Returns 0, or -1 when scratch memory ran out. */
 static int paged_decode(void *out, const void *q, const void *k_cache, const void *v_cache,
                         const int32_t *block_tables, const int32_t *context_lens,
                         const int64_t *seqs, const int64_t *rows, int64_t num_decodes,
@@ -496,7 +500,7 @@ static int paged_decode(void *out, const void *q, const void *k_cache, const voi
     for (int64_t task = 0; task < num_tasks; task++) {
         const int64_t i = task / tasks_per_seq, seq = seqs[i];
         const Pass pass = {
-            .table = block_tables + seq * bt_stride, .context = context_lens[seq],
+            .table = block_tables + seq * bt_stride, .context = context_lens[i],
             .block_size = block_size, .token_row = num_kv_heads * row,
             .first = task % tasks_per_seq * per_task, .count = per_task,
             .head_dim = head_dim, .group = group, .row = row,
