@@ -22,7 +22,7 @@ from minserve.attention.contiguous import (
     attend,
 )
 from minserve.attention.metadata import AttentionMetadata
-from minserve.attention.paged_cpu import CpuPagedAttention
+from minserve.attention.paged_cpu import FLASH_FROM, CpuPagedAttention
 from minserve.attention.paged_plan import length_buckets
 from minserve.attention.paged_torch import (
     TorchPagedAttention,
@@ -274,6 +274,21 @@ def test_mixed_batch_matches_oracle_in_any_order(
 ) -> None:
     step = make_step(MIXED[order], block_size, num_heads=6, num_kv_heads=2)
     torch.testing.assert_close(step.run(backend=backend), step.expected(), **FP32_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_long_first_chunk_takes_torch_flash_beside_the_kernels_rows(dtype: torch.dtype) -> None:
+    """A prompt's first chunk of FLASH_FROM rows runs torch's flash kernel on its own k/v;
+    the step's other rows (a decode, an extend, a shorter prompt) stay with the C kernel."""
+    long = FLASH_FROM[dtype]
+    seqs = [Seq(6, 1), Seq(0, long), Seq(17, 9), Seq(0, long - 1)]
+    step = make_step(seqs, 16, num_heads=6, num_kv_heads=2, dtype=dtype)
+    attention = CpuPagedAttention(step.pool, step.metadata)
+    assert attention.flash == [slice(1, 1 + long)]
+    assert attention.rows.numel() == step.q.shape[0] - long
+    out = attention(1, step.q, step.k, step.v)
+    tolerance = FP32_TOL if dtype is torch.float32 else BF16_TOL
+    torch.testing.assert_close(out.float(), step.expected(), **tolerance)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

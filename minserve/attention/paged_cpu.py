@@ -6,15 +6,17 @@ attends in one C call that reads its sequence's blocks in place through the bloc
 row; a prompt's chunk is as many rows, each attending to the keys up to its own position
 (its context is its position + 1), so prefills, extends and decodes share one kernel and
 one pass over the pool. Reading a prompt's keys once per row costs more bytes than a tiled
-attention, but a prompt's keys sit in cache, and the kernel keeps to its exact two-pass
-softmax: over 64 prompts of 32-256 tokens it took half the time of torch's flash attention on
-the prompts' own k/v (bfloat16; 0.7 of it in fp32), as fast at 2048 tokens.
+attention, but a short prompt's keys sit in cache: over 64 prompts of 32-256 tokens the
+kernel took half the time of torch's flash attention on the prompts' own k/v in bfloat16
+(0.68 of it in fp32). Past a megabyte or so of keys the tiles win, so a long prompt's first
+chunk (`FLASH_FROM` rows) still runs torch's flash kernel on its own k/v.
 
 The kernels read an fp32 or a bfloat16 pool (a bfloat16 one halves the bytes a decode reads;
 its keys and values are widened as they are read and the sums kept in fp32), or an 8-bit one
 (`kv_cache_dtype`: fp8 or int8, halving them again): its rows are encoded on the way to their
 slots (int8 by the store kernel, fp8 in torch, both as `kv_format.py` does) and widened as
-they are read, so every row, a prompt's included, attends over the values the cache holds.
+they are read, so every row, a prompt's included, attends over the values the cache holds
+(a long first chunk's k/v are encoded and decoded again for torch's kernel).
 Another dtype, or a machine where the library cannot be built, runs the plain-torch path
 (`paged_torch.py`, the reference these kernels are tested on) for the whole step.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from minserve.attention.metadata import AttentionMetadata, PagedKVCache, kernel_format
 from minserve.attention.paged_plan import AttentionGroup, check_tables, plan_step
@@ -49,15 +52,22 @@ class CpuPagedAttention:
         self.groups: list[AttentionGroup] = []  # the torch path's plan (no C library)
         if self.lib is None:
             self.groups = plan_step(metadata, cache.shape[1], attention_dtype(cache.dtype))
-        # each query row is one query of the kernel: its sequence's block table and its own
+        # a long prompt's first chunk: torch's flash kernel on its own k/v (see FLASH_FROM)
+        self.dtype = attention_dtype(cache.dtype)
+        lens, starts = metadata.query_lens.long(), metadata.query_start_loc.long()
+        first_chunk = metadata.context_lens.long() == lens  # [num_seqs]: nothing cached before
+        flash = first_chunk & (lens >= FLASH_FROM.get(self.dtype, min(FLASH_FROM.values())))
+        self.flash = [slice(starts[i], starts[i + 1]) for i in flash.nonzero().flatten().tolist()]
+        # every other row is one query of the kernel: its sequence's block table and its own
         # context, its position + 1 (a decode's is the sequence's)
-        self.seqs = torch.repeat_interleave(metadata.query_lens.long())  # [T] int64
-        self.rows = torch.arange(self.seqs.numel(), dtype=torch.int64)  # [T]
-        first_row = metadata.query_start_loc.long()[self.seqs]  # [T]
-        past = (metadata.context_lens - metadata.query_lens).long()[self.seqs]  # [T]
-        self.context_lens = (past + self.rows - first_row + 1).to(torch.int32)  # [T]
+        seqs = torch.repeat_interleave(lens)  # [T] int64
+        rows = torch.arange(seqs.numel(), dtype=torch.int64)  # [T]
+        contexts = metadata.context_lens.long()[seqs] - lens[seqs] + rows - starts[seqs] + 1
+        by_kernel = ~flash[seqs]  # [T]
+        self.seqs, self.rows = seqs[by_kernel].contiguous(), rows[by_kernel].contiguous()
+        self.context_lens = contexts[by_kernel].to(torch.int32).contiguous()
         self.tables = metadata.block_tables.contiguous()  # [num_seqs, max_blocks] int32
-        self.all_decodes = bool((metadata.query_lens == 1).all())
+        self.all_decodes = bool((lens == 1).all())
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -69,7 +79,12 @@ class CpuPagedAttention:
             return attend_groups(q, k_cache, v_cache, self.groups, self.scale)
         self.store(k_cache, v_cache, k, v)
         out = torch.empty_like(q)  # [T, Hq, D]
-        self.decode(out, q, k_cache, v_cache)
+        if self.rows.numel() > 0:
+            self.decode(out, q, k_cache, v_cache)
+        if self.flash and self.format.quantized:  # the values an 8-bit cache holds, in fp32
+            k, v = self.format.as_stored(k), self.format.as_stored(v)
+        for rows in self.flash:
+            out[rows] = self.fresh_prefill(q[rows], k[rows], v[rows])
         return out
 
     def kernel_decode(self, dtype: torch.dtype) -> DecodeAttention | None:
@@ -89,6 +104,11 @@ class CpuPagedAttention:
             scale=self.scale,
             kv_int8=kv_int8, caches=lambda layer: (self.kv.k_cache(layer), self.kv.v_cache(layer)),
         )  # fmt: skip
+
+    def fresh_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A prompt's first chunk over itself, in the cache's attention dtype."""
+        out = fresh_prefill(q.to(self.dtype), k.to(self.dtype), v.to(self.dtype), self.scale)
+        return out.to(q.dtype)
 
     def store(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -115,14 +135,15 @@ class CpuPagedAttention:
     def decode(
         self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> None:
-        """Every row's attention, written into its row of `out` [T, Hq, D] (k/v stored
-        first). The kernel takes fp32 or bfloat16 queries and outputs (each task widens its
-        few query rows); a float16 step's are converted on the way."""
+        """The kernel's rows' attention (every row but a long first chunk's), written into
+        their rows of `out` [T, Hq, D] (k/v stored first). The kernel takes fp32 or bfloat16
+        queries and outputs (each task widens its few query rows); a float16 step's are
+        converted on the way."""
         kernel = getattr(self.lib, DECODE_KERNELS[k_cache.dtype])
         if q.dtype not in (torch.float32, torch.bfloat16):
             q32, out32 = q.float(), torch.empty(q.shape, dtype=torch.float32)  # [T, Hq, D]
             self.run_decode(kernel, out32, q32, k_cache, v_cache)
-            out.copy_(out32)
+            out[self.rows] = out32[self.rows].to(out.dtype)
         else:
             check_rows(q.dtype, q, out)
             self.run_decode(kernel, out, q, k_cache, v_cache)
@@ -146,6 +167,23 @@ class CpuPagedAttention:
         if status != 0:
             raise MemoryError("the paged decode kernel could not allocate its score buffers")
 
+
+def fresh_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """Causal GQA attention of a prompt's first chunk over itself: q [n, Hq, D], k and v
+    [n, Hkv, D] -> [n, Hq, D]."""
+    rows = [t[None].transpose(1, 2) for t in (q, k, v)]  # [1, H, n, D]: 4-D, the flash kernel
+    out = F.scaled_dot_product_attention(*rows, is_causal=True, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+# a prompt's first chunk of at least this many rows (by the attention dtype) runs torch's
+# flash kernel on its own k/v: the paged kernel reads a prompt's keys once per row, which
+# past a megabyte or so of keys costs more than flash's tiles (`benchmarks/prefill_attention.md`,
+# SmolLM2's heads: bf16 1.13x flash's speed at 1024 rows, 0.94x at 2048; fp32 1.32x at 512,
+# 0.91x at 1024)
+FLASH_FROM = {torch.bfloat16: 2048, torch.float32: 1024}
 
 INT8_STORES = {  # the store kernel that encodes k and v of this dtype into an int8 pool
     torch.float32: "store_kv_int8_f32",
