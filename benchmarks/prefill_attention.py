@@ -2,13 +2,14 @@
 
     .venv/bin/python -m benchmarks.prefill_attention [--prompts 64] [--long 512,1024,2048]
 
-The CPU backend (`attention/paged_cpu.py`) attends every row of a step through the paged
+The CPU backend (`attention/paged_cpu.py`) attends the rows of a step through the paged
 kernel (`kernels/paged_attention.c`): a prompt's row reads the keys up to its own position
 through the block table, so each key is read once per later row (from cache: a short
-prompt's keys fit in it). Before, a prompt's first chunk ran torch's
-`scaled_dot_product_attention` (its flash kernel for CPUs) on the chunk's own k/v. Per
-dtype (bfloat16, fp32), SmolLM2's heads (9 query heads, 3 KV heads, head_dim 64), blocks of
-16 shuffled in a pool:
+prompt's keys fit in it). The alternative is torch's `scaled_dot_product_attention` (its
+flash kernel for CPUs) on the chunk's own k/v; the backend keeps it for first chunks of
+`FLASH_FROM` rows and more, which these measurements choose. Here the kernel takes every
+row (`FLASH_FROM` lifted). Per dtype (bfloat16, fp32), SmolLM2's heads (9 query heads, 3
+KV heads, head_dim 64), blocks of 16 shuffled in a pool:
 
 1. the offline benchmark's prompts: `--prompts` random lengths in [32, 256] (seed 0), all
    in one step, as the offline benchmark's prefill runs them;
@@ -25,13 +26,13 @@ import argparse
 import json
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.run_env import RunRecord, command_line
+from minserve.attention import paged_cpu
 from minserve.attention.metadata import AttentionMetadata
-from minserve.attention.paged_cpu import CpuPagedAttention
 
 HERE = Path(__file__).parent
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -52,7 +53,7 @@ class Pool:
         return self.v
 
 
-def prompt_step(lengths: list[int], dtype: torch.dtype) -> tuple[CpuPagedAttention, list]:
+def prompt_step(lengths: list[int], dtype: torch.dtype) -> tuple[paged_cpu.CpuPagedAttention, list]:
     """A step of fresh prompts over a pool with shuffled blocks: the backend, and per prompt
     its (q [n, H, D], k, v [n, Hkv, D])."""
     gen = torch.Generator().manual_seed(0)
@@ -65,7 +66,10 @@ def prompt_step(lengths: list[int], dtype: torch.dtype) -> tuple[CpuPagedAttenti
         tables.append(table)
         slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(n)]
     metadata = AttentionMetadata.build(lengths, lengths, tables, slots)
-    attention = CpuPagedAttention(Pool(sum(blocks), dtype), metadata)
+    every_row = dict.fromkeys(paged_cpu.FLASH_FROM, max(lengths) + 1)  # the kernel's, all
+    with mock.patch.dict(paged_cpu.FLASH_FROM, every_row):
+        attention = paged_cpu.CpuPagedAttention(Pool(sum(blocks), dtype), metadata)
+    assert not attention.flash
     prompts = [
         tuple(
             torch.randn(n, h, HEAD_DIM, generator=gen).to(dtype)
@@ -77,10 +81,8 @@ def prompt_step(lengths: list[int], dtype: torch.dtype) -> tuple[CpuPagedAttenti
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal GQA attention of one prompt over itself: [n, H, D] rows in and out."""
-    rows = [t[None].transpose(1, 2) for t in (q, k, v)]  # [1, heads, n, D]: the flash kernel
-    out = F.scaled_dot_product_attention(*rows, is_causal=True, enable_gqa=True)
-    return out[0].transpose(0, 1)
+    """What the backend runs for a long first chunk: torch's flash kernel on its own k/v."""
+    return paged_cpu.fresh_prefill(q, k, v, scale=None)
 
 
 def best_ms(fn, repeats: int = REPEATS) -> float:
@@ -129,6 +131,11 @@ def write(rows: list[dict], run: RunRecord) -> None:
         *run.header_lines("A prompt's attention on a CPU: the paged C kernel vs torch's flash"),
         f"- one layer, SmolLM2's heads ({HEADS} query, {KV_HEADS} KV, head_dim {HEAD_DIM}), "
         f"blocks of {BLOCK}; best of {REPEATS}, the two in turns; errors against float64",
+        "- the backend runs torch's flash kernel for a first chunk of "
+        + ", ".join(
+            f"{n} rows ({str(d).removeprefix('torch.')})" for d, n in paged_cpu.FLASH_FROM.items()
+        )
+        + " and more (`FLASH_FROM`), the kernel for every other row",
         "",
         "| dtype | prompts | tokens | longest | C kernel (ms) | torch SDPA (ms) | speedup "
         "| kernel error | SDPA error |",

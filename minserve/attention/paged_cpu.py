@@ -7,8 +7,8 @@ row; a prompt's chunk is as many rows, each attending to the keys up to its own 
 (its context is its position + 1), so prefills, extends and decodes share one kernel and
 one pass over the pool. Reading a prompt's keys once per row costs more bytes than a tiled
 attention, but a short prompt's keys sit in cache: over 64 prompts of 32-256 tokens the
-kernel took half the time of torch's flash attention on the prompts' own k/v in bfloat16
-(0.68 of it in fp32). Past a megabyte or so of keys the tiles win, so a long prompt's first
+kernel took 0.46 of the time of torch's flash attention on the prompts' own k/v in bfloat16
+(0.7 of it in fp32). Past a megabyte or so of keys the tiles win, so a long prompt's first
 chunk (`FLASH_FROM` rows) still runs torch's flash kernel on its own k/v.
 
 The kernels read an fp32 or a bfloat16 pool (a bfloat16 one halves the bytes a decode reads;
@@ -181,8 +181,8 @@ def fresh_prefill(
 # a prompt's first chunk of at least this many rows (by the attention dtype) runs torch's
 # flash kernel on its own k/v: the paged kernel reads a prompt's keys once per row, which
 # past a megabyte or so of keys costs more than flash's tiles (`benchmarks/prefill_attention.md`,
-# SmolLM2's heads: bf16 1.13x flash's speed at 1024 rows, 0.94x at 2048; fp32 1.32x at 512,
-# 0.91x at 1024)
+# SmolLM2's heads: bf16 1.16x flash's speed at 1024 rows, 0.93x at 2048; fp32 1.03x at 512,
+# 0.9x at 1024)
 FLASH_FROM = {torch.bfloat16: 2048, torch.float32: 1024}
 
 INT8_STORES = {  # the store kernel that encodes k and v of this dtype into an int8 pool
