@@ -5,9 +5,10 @@
  * one query token per sequence the arithmetic is tiny, so the copies and the ops' fixed
  * costs are most of the time. These kernels read the blocks where they lie, through the
  * block table, in one call per layer (vLLM's CPU backend does the same in C++). A prompt's
- * rows are queries too, each over the keys up to its own position: a prompt's keys sit in
- * cache while its rows read them: over prompts of 32-256 tokens this took 0.46 of the time
- * of torch's flash attention on the prompts' own k/v (`attention/paged_cpu.py`).
+ * rows are queries too, each over the keys up to its own position (a short prompt's keys
+ * stay in cache while its rows read them): over prompts of 32-256 tokens this took 0.46 of
+ * the time of torch's flash attention on the prompts' own k/v; a long prompt's first chunk
+ * still runs torch's (`FLASH_FROM` in `attention/paged_cpu.py`).
  *
  * Layouts (what `paged_cpu.py` passes; strides in elements):
  *   k_cache, v_cache  [num_blocks, block_size, Hkv, row], contiguous (one layer of the pool),
