@@ -57,7 +57,8 @@ class CpuPagedAttention:
         lens, starts = metadata.query_lens.long(), metadata.query_start_loc.long()
         first_chunk = metadata.context_lens.long() == lens  # [num_seqs]: nothing cached before
         flash = first_chunk & (lens >= FLASH_FROM.get(self.dtype, min(FLASH_FROM.values())))
-        self.flash = [slice(starts[i], starts[i + 1]) for i in flash.nonzero().flatten().tolist()]
+        first = metadata.query_start_loc.tolist()
+        self.flash = [slice(first[i], first[i + 1]) for i in flash.nonzero().flatten().tolist()]
         # every other row is one query of the kernel: its sequence's block table and its own
         # context, its position + 1 (a decode's is the sequence's)
         seqs = torch.repeat_interleave(lens)  # [T] int64
