@@ -33,24 +33,14 @@ import torch
 from benchmarks.run_env import RunRecord, command_line
 from minserve.attention import paged_cpu
 from minserve.attention.metadata import AttentionMetadata
+from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.viz.kernel_timing import SMOLLM2_SHAPES
 
 HERE = Path(__file__).parent
-HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+SHAPES = SMOLLM2_SHAPES  # one layer of SmolLM2's heads
+HEADS, KV_HEADS, HEAD_DIM = SHAPES.num_heads, SHAPES.num_kv_heads, SHAPES.head_dim
+BLOCK = 16
 REPEATS = 5
-
-
-class Pool:
-    """One layer of a paged pool, [num_blocks, BLOCK, KV_HEADS, HEAD_DIM] keys and values."""
-
-    def __init__(self, num_blocks: int, dtype: torch.dtype) -> None:
-        self.k = torch.zeros(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
-
-    def k_cache(self, layer: int) -> torch.Tensor:
-        return self.k
-
-    def v_cache(self, layer: int) -> torch.Tensor:
-        return self.v
 
 
 def prompt_step(lengths: list[int], dtype: torch.dtype) -> tuple[paged_cpu.CpuPagedAttention, list]:
@@ -68,7 +58,8 @@ def prompt_step(lengths: list[int], dtype: torch.dtype) -> tuple[paged_cpu.CpuPa
     metadata = AttentionMetadata.build(lengths, lengths, tables, slots)
     every_row = dict.fromkeys(paged_cpu.FLASH_FROM, max(lengths) + 1)  # the kernel's, all
     with mock.patch.dict(paged_cpu.FLASH_FROM, every_row):
-        attention = paged_cpu.CpuPagedAttention(Pool(sum(blocks), dtype), metadata)
+        pool = PagedKVPool(SHAPES, sum(blocks), BLOCK, dtype, "cpu")
+        attention = paged_cpu.CpuPagedAttention(pool, metadata)
     assert not attention.flash
     prompts = [
         tuple(

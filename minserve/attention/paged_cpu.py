@@ -49,11 +49,11 @@ class CpuPagedAttention:
         check_tables(metadata, cache.shape[1])
         self.lib = cpu_kernels() if uses_kernels(cache) else None
         self.format = kernel_format(kv, "cpu")
+        self.dtype = attention_dtype(cache.dtype)
         self.groups: list[AttentionGroup] = []  # the torch path's plan (no C library)
         if self.lib is None:
-            self.groups = plan_step(metadata, cache.shape[1], attention_dtype(cache.dtype))
+            self.groups = plan_step(metadata, cache.shape[1], self.dtype)
         # a long prompt's first chunk: torch's flash kernel on its own k/v (see FLASH_FROM)
-        self.dtype = attention_dtype(cache.dtype)
         lens, starts = metadata.query_lens.long(), metadata.query_start_loc.long()
         first_chunk = metadata.context_lens.long() == lens  # [num_seqs]: nothing cached before
         flash = first_chunk & (lens >= FLASH_FROM.get(self.dtype, min(FLASH_FROM.values())))
