@@ -16,20 +16,31 @@ import torch
 from tqdm import tqdm
 
 from minserve.llm import LLM
+from minserve.model.runner import ModelRunner
 from minserve.sampling_params import SamplingParams
 
 PROMPT_LEN = 128
 
 
 def ab_decode_steps(
-    base: LLM, batch: int, steps: int, switch: Callable[[bool], None], names: tuple[str, str]
+    base: LLM,
+    batch: int,
+    steps: int,
+    switch: Callable[[ModelRunner, bool], None],
+    names: tuple[str, str],
+    fused_decode: bool = True,
 ) -> dict:
-    """p10 / p50 ms of decode steps at `batch`, `switch(True)` and `switch(False)` in turns.
+    """p10 / p50 ms of decode steps at `batch`, `switch(runner, True)` and `switch(runner,
+    False)` in turns (the engine's model runner: switches of the CPU runner's own paths).
 
     names: (on, off) as the row's keys call them; the row also says whether every step's
-    tokens equalled the switched-off reference engine's."""
+    tokens equalled the switched-off reference engine's. `fused_decode=False`: both engines
+    walk the layers in Python (to compare kernels on the same loop)."""
     on_name, off_name = names
     engines = {"ab": LLM(base.loaded).engine, "reference": LLM(base.loaded).engine}
+    if not fused_decode:
+        for engine in engines.values():
+            engine.worker.runner.fused_decode = None
     params = SamplingParams(max_tokens=steps + 10, temperature=0.0, ignore_eos=True)
     gen = torch.Generator().manual_seed(batch)
     prompts = [
@@ -37,7 +48,7 @@ def ab_decode_steps(
     ]
 
     def step(name: str, on: bool) -> list[int]:
-        switch(on)
+        switch(engines[name].worker.runner, on)
         return [o.outputs[0].token_ids[-1] for o in engines[name].step()]
 
     for name, engine in engines.items():

@@ -25,8 +25,10 @@ import torch
 from benchmarks.ab_steps import ab_decode_steps, steps_table
 from benchmarks.run_env import RunRecord, command_line
 from minserve.kernels import cpu_ops
+from minserve.kernels.linear_kernels import NO_KERNELS, LinearPlan
 from minserve.llm import LLM
-from minserve.model.packed_linear import PackedLinear
+from minserve.model.runner import ModelRunner
+from minserve.platforms.cpu.packed_linear import PackedLinear
 
 HERE = Path(__file__).parent
 PASSES = 7
@@ -42,9 +44,11 @@ class Layouts:
             torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None) for m in linears
         ]
 
-    def use_panels(self, on: bool) -> None:
+    def use_panels(self, runner: ModelRunner, on: bool) -> None:
+        """Every linear on the panel kernel, or on oneDNN for every row count."""
         for m, panels, onednn in zip(self.linears, self.panels, self.onednn):
-            m.panels, m.packed, m.kernel_rows = on, panels if on else onednn, 0
+            m.panels, m.packed = on, panels if on else onednn
+            m.plan = LinearPlan(many=m.panels_kernel()) if on else NO_KERNELS
 
 
 def one_pass_ms(layouts: Layouts, picked: list[int], rows: list[int]) -> list[dict]:
@@ -57,11 +61,11 @@ def one_pass_ms(layouts: Layouts, picked: list[int], rows: list[int]) -> list[di
         for count in rows:
             xs = [torch.randn(count, layouts.linears[i].in_features).bfloat16() for i in picked]
             passes = {
-                "onednn": lambda: [
+                "onednn": lambda xs=xs: [
                     torch.ops.mkldnn._linear_pointwise(x, layouts.onednn[i], None, "none", [], "")
                     for i, x in zip(picked, xs)
                 ],
-                "panels": lambda: [
+                "panels": lambda xs=xs: [
                     cpu_ops.linear_panels(x, layouts.panels[i], None) for i, x in zip(picked, xs)
                 ],
             }  # fmt: skip
@@ -123,7 +127,6 @@ def main() -> None:
     command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     base = LLM(dtype="bfloat16")
-    base.loaded.model.fused_decode = None  # both sides walk the layers in Python
     linears = [m for m in base.loaded.model.modules() if isinstance(m, PackedLinear)]
     if not all(m.panels for m in linears):
         raise SystemExit("the panel kernel needs a CPU with AVX512-BF16 and the C kernels built")
@@ -137,7 +140,9 @@ def main() -> None:
     }
     batches = [int(b) for b in args.batches.split(",")]
     steps = [
-        ab_decode_steps(base, b, args.steps, layouts.use_panels, names=("panels", "onednn"))
+        ab_decode_steps(  # both sides walk the layers in Python
+            base, b, args.steps, layouts.use_panels, ("panels", "onednn"), fused_decode=False
+        )
         for b in batches
     ]
     run.finish()

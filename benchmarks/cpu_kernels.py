@@ -5,17 +5,18 @@
 1. One layer's decode attention (store + attend), SmolLM2's shapes, context 512: the
    torch backend against the C backend, alternating (minserve.viz.kernel_timing).
 2. Whole engine decode steps of the bundled SmolLM2 (fp32): the plain-torch path
-   (attention_backend="torch", the model's C kernels switched off by `use_c_kernels`)
-   against the default ("cpu": C attention, C RMSNorm / RoPE / SiLU, few-row linears and
-   the head's screen), two engines sharing one loaded model in one process, taking steps
-   in turns so that the machine's drift favours neither; the two must emit the same
-   tokens. Writes cpu_kernels.json and cpu_kernels.md here.
+   (the model loaded with MINSERVE_C_KERNELS=0: torch attention, ops and oneDNN linears)
+   against the default ("cpu": C attention, C RMSNorm / RoPE / SiLU, few-row linears, the
+   C decode loop and the head's screen), two engines in one process taking steps in turns
+   so that the machine's drift favours neither; the two must emit the same tokens.
+   Writes cpu_kernels.json and cpu_kernels.md here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.run_env import RunRecord, command_line
+from minserve.environment import C_KERNELS
 from minserve.llm import LLM
 from minserve.sampling_params import SamplingParams
 from minserve.viz.kernel_timing import time_decode_backends
@@ -31,10 +33,9 @@ HERE = Path(__file__).parent
 PROMPT_LEN = 128
 
 
-def engine_steps(batch: int, steps: int, base: LLM) -> dict:
+def engine_steps(batch: int, steps: int, bases: dict[str, LLM]) -> dict:
     """p10 / p50 decode step time of the torch path and the C path at `batch` sequences."""
-    variants = {"torch": "torch", "cpu": "cpu"}
-    engines = {name: LLM(base.loaded, attention_backend=b).engine for name, b in variants.items()}
+    engines = {name: LLM(base.loaded).engine for name, base in bases.items()}
     params = SamplingParams(max_tokens=steps + 10, temperature=0.0, ignore_eos=True)
     gen = torch.Generator().manual_seed(batch)
     prompts = [
@@ -42,7 +43,6 @@ def engine_steps(batch: int, steps: int, base: LLM) -> dict:
     ]
 
     def step(name: str) -> tuple[float, list[int]]:
-        base.loaded.model.use_c_kernels(name == "cpu")  # one model, two engines
         start = time.perf_counter()
         outputs = engines[name].step()
         return time.perf_counter() - start, [o.outputs[0].token_ids[-1] for o in outputs]
@@ -66,6 +66,16 @@ def engine_steps(batch: int, steps: int, base: LLM) -> dict:
         row[f"{name}_p50_ms"] = round(ms[len(ms) // 2], 2)
     row["speedup_p50"] = round(row["torch_p50_ms"] / row["cpu_p50_ms"], 3)
     return row
+
+
+def torch_path() -> LLM:
+    """The bundled model loaded with the C kernels off: the CPU platform's torch paths."""
+    saved = os.environ.get(C_KERNELS)
+    os.environ[C_KERNELS] = "0"
+    try:
+        return LLM()
+    finally:
+        os.environ.pop(C_KERNELS) if saved is None else os.environ.__setitem__(C_KERNELS, saved)
 
 
 def write(attention: dict, steps: list[dict], run: RunRecord) -> None:
@@ -112,8 +122,8 @@ def main() -> None:
     command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     attention = time_decode_backends(batch_sizes=(1, 4, 16, 64), context=512)
-    base = LLM()
-    steps = [engine_steps(b, args.steps, base) for b in batches]
+    bases = {"torch": torch_path(), "cpu": LLM()}
+    steps = [engine_steps(b, args.steps, bases) for b in batches]
     run.finish()
     write(attention, steps, run)
     print((HERE / "cpu_kernels.md").read_text())

@@ -33,7 +33,7 @@ from benchmarks.offline_throughput import SuiteSettings, run_one
 from benchmarks.run_env import REPO_ROOT, machine_info
 from minserve.bench.checkpoint import vocab_size
 from minserve.bench.offline import OfflineResult, offline_workload
-from minserve.model.loader import load_model
+from minserve.loader import load_model
 from minserve.viz.naive import measure_matmul_flops, measure_memory_bandwidth, weight_bytes
 
 WORKLOADS = {"offline": (64, 32, 256), "batch1": (1, 128, 128)}  # requests, min, max length

@@ -1,4 +1,4 @@
-"""The decode loop in C (`model/fused_decode.py`) against the Python loop over the layers.
+"""The decode loop in C (`platforms/cpu/fused_decode.py`) against the Python loop over the layers.
 
     .venv/bin/python -m benchmarks.fused_decode [--batches 1,4,16,32,64] [--steps 60]
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from benchmarks.ab_steps import ab_decode_steps, steps_table
 from benchmarks.run_env import RunRecord, command_line
 from minserve.llm import LLM
+from minserve.model.runner import ModelRunner
 
 HERE = Path(__file__).parent
 MODELS = {"bf16": {"dtype": "bfloat16"}, "gguf bf16": {"dtype": "bfloat16", "quantization": "gguf"}}
@@ -26,17 +27,15 @@ MODELS = {"bf16": {"dtype": "bfloat16"}, "gguf bf16": {"dtype": "bfloat16", "qua
 def decode_steps(options: dict, batches: list[int], steps: int) -> list[dict]:
     """A/B rows of decode steps at each batch, the C loop on and off in turns."""
     base = LLM(device="cpu", **options)
-    net = base.loaded.model
-    loop = net.fused_decode
-    if loop is None:
+    if getattr(base.engine.worker.runner, "fused_decode", None) is None:
         raise SystemExit("no decode loop in C here: it needs the C kernels built")
+    loops = {}  # each engine's runner -> its own loop
 
-    def switch(on: bool) -> None:
-        net.fused_decode = loop if on else None
+    def switch(runner: ModelRunner, on: bool) -> None:
+        loop = loops.setdefault(id(runner), runner.fused_decode)
+        runner.fused_decode = loop if on else None
 
-    rows = [ab_decode_steps(base, b, steps, switch, names=("c", "python")) for b in batches]
-    switch(True)
-    return rows
+    return [ab_decode_steps(base, b, steps, switch, names=("c", "python")) for b in batches]
 
 
 def write(results: dict[str, list[dict]], run: RunRecord) -> None:

@@ -1,15 +1,21 @@
-"""One command that checks minserve on a GPU machine: five stages, each bounded in time.
+"""One command that checks minserve on a GPU machine: six stages, each bounded in time.
 
-    python benchmarks/gpu_check.py --output DIR            # on a CUDA machine, < 8 minutes
-    python benchmarks/gpu_check.py --output DIR --dry-run  # the plumbing on a CPU, < 1 minute
+    python -m benchmarks.gpu_check --output DIR            # on a CUDA machine, < 10 minutes
+    python -m benchmarks.gpu_check --output DIR --dry-run  # the plumbing on a CPU
+    python -m benchmarks.gpu_check --dry-run --stages features  # every check's config, < 1 min
 
-Stages (benchmarks/gpu_check_stages.py, benchmarks/gpu_check_models.py):
+Stages (benchmarks/gpu_check_stages.py, gpu_check_features.py, gpu_check_models.py):
 1. environment: versions, the device, and how minserve resolves its execution config;
-2. kernels: the Triton kernels against their torch references (dtypes, block sizes, head dims);
-3. engine: greedy tokens of the Triton backend equal the torch backend's (chunked prefill,
+2. features: each feature once, PASS/FAIL with its numbers and start (load + compile),
+   first-batch and steady-batch seconds: greedy parity with transformers (tiny model and
+   SmolLM2, fp32, 2k-token contexts), bf16, TP over NCCL, P/D KV transfer, gguf and int8
+   weights, fp8 and int8 KV, gpu_memory_utilization sizing, swap preemption, sampling
+   filters and penalties, speculative decoding, the server's engine thread;
+3. kernels: the Triton kernels against their torch references (dtypes, block sizes, head dims);
+4. engine: greedy tokens of the Triton backend equal the torch backend's (chunked prefill,
    preemption, the prefix cache's host tier), seeded sampling reproducible;
-4. bandwidth: decode kernel time as a share of the device's measured copy bandwidth;
-5. throughput: `LLM.generate` against transformers' `generate`, random-weight models.
+5. bandwidth: decode kernel time as a share of the device's measured copy bandwidth;
+6. throughput: `LLM.generate` against transformers' `generate`, random-weight models.
 
 Each stage runs in its own process with a timeout: one that fails, crashes or runs out of
 time is recorded with its error and the next one runs. DIR/gpu_check.json is rewritten as
@@ -43,8 +49,9 @@ class Stage:
     dry_timeout_s: float
 
 
-STAGES = (  # GPU timeouts sum to 470 s: under 8 minutes with process start-up
+STAGES = (  # the budget (540 s) ends the run inside 10 minutes; later stages then skip
     Stage("environment", 20, 30),
+    Stage("features", 300, 60),
     Stage("kernels", 90, 60),
     Stage("engine", 110, 60),
     Stage("bandwidth", 50, 30),
@@ -165,10 +172,10 @@ class Rows:
 
 def run_child(name: str, output: Path, dry_run: bool) -> None:
     """Run stage `name` here; its rows and status go to DIR/stages/NAME.json."""
-    from benchmarks import gpu_check_models, gpu_check_stages
+    from benchmarks import gpu_check_features, gpu_check_models, gpu_check_stages
 
     rows = Rows(output / "stages" / f"{name}.json")
-    stages = {**gpu_check_stages.STAGES, **gpu_check_models.STAGES}
+    stages = {**gpu_check_stages.STAGES, **gpu_check_features.STAGES, **gpu_check_models.STAGES}
     try:
         note = stages[name](rows, dry_run) or ""
     except ModuleNotFoundError as missing:
@@ -184,11 +191,12 @@ def run_child(name: str, output: Path, dry_run: bool) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python benchmarks/gpu_check.py",
                                      description=__doc__.split("\n")[0])  # fmt: skip
-    parser.add_argument("--output", type=Path, required=True, help="folder for the results")
+    parser.add_argument("--output", type=Path, default=Path("gpu_check_results"),
+                        help="folder for the results (default: ./gpu_check_results)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
     parser.add_argument("--stages", default=",".join(STAGE_NAMES),
                         help=f"comma-separated, of {','.join(STAGE_NAMES)}")  # fmt: skip
-    parser.add_argument("--budget-s", type=float, default=420.0, help="for all stages")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="for all stages")
     parser.add_argument("--child", choices=STAGE_NAMES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = set(args.stages.split(",")) - set(STAGE_NAMES)

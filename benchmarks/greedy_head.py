@@ -25,7 +25,8 @@ import torch
 from benchmarks.ab_steps import ab_decode_steps, steps_table
 from benchmarks.run_env import RunRecord, command_line
 from minserve.llm import LLM
-from minserve.model.greedy_head import GreedyScreen
+from minserve.model.runner import ModelRunner
+from minserve.platforms.cpu.greedy_head import GreedyScreen
 
 HERE = Path(__file__).parent
 
@@ -55,11 +56,10 @@ def head_alone(lm_head: torch.nn.Module, screen: GreedyScreen, batches: list[int
 
 def engine_steps(batch: int, steps: int, base: LLM) -> dict:
     """p10 / p50 decode step times with the screen on and off, alternating steps."""
-    model = base.engine.worker.model
-    screen = model.greedy_screen
+    screen = base.engine.worker.runner.screen
 
-    def switch(on: bool) -> None:
-        model.greedy_screen = screen if on else None
+    def switch(runner: ModelRunner, on: bool) -> None:
+        runner.screen = screen if on else None
 
     return ab_decode_steps(base, batch, steps, switch, names=("screen", "dense"))
 
@@ -97,11 +97,11 @@ def main() -> None:
     command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     base = LLM()
-    if base.engine.worker.model.greedy_screen is None:
+    screen = getattr(base.engine.worker.runner, "screen", None)
+    if screen is None:
         raise SystemExit("no greedy screen on this model (needs fp32 on a CPU with the C kernels)")
-    model = base.engine.worker.model
     with torch.inference_mode():
-        head = head_alone(model.lm_head, model.greedy_screen, batches)
+        head = head_alone(base.loaded.model.lm_head, screen, batches)
     steps = [engine_steps(b, args.steps, base) for b in batches]
     run.finish()
     write(head, steps, run)

@@ -21,9 +21,11 @@ from pathlib import Path
 from benchmarks.ab_steps import ab_decode_steps, steps_table
 from benchmarks.run_env import RunRecord, command_line
 from minserve.kernels import cpu_ops
+from minserve.kernels.linear_kernels import NO_KERNELS
 from minserve.llm import LLM
-from minserve.model.linear_choice import shape_of
-from minserve.model.packed_linear import PackedLinear
+from minserve.model.runner import ModelRunner
+from minserve.platforms.cpu.linear_choice import shape_of
+from minserve.platforms.cpu.packed_linear import PackedLinear
 from minserve.viz.linear_timing import PATHS, time_linear_paths
 
 HERE = Path(__file__).parent
@@ -50,13 +52,14 @@ def one_pass_ms(linears: list[PackedLinear], rows: list[int]) -> list[dict]:
 def engine_steps(batch: int, steps: int, base: LLM) -> dict:
     """p10 / p50 decode step times with the kernel on and off, alternating steps."""
     linears = [m for m in base.loaded.model.modules() if isinstance(m, PackedLinear)]
-    tuned = [m.kernel_rows for m in linears]
+    tuned = [m.plan for m in linears]
 
-    def switch(on: bool) -> None:
-        for m, rows in zip(linears, tuned):
-            m.kernel_rows = rows if on else 0
+    def switch(runner: ModelRunner, on: bool) -> None:
+        for m, plan in zip(linears, tuned):
+            m.plan = plan if on else NO_KERNELS
 
-    return ab_decode_steps(base, batch, steps, switch, names=("kernel", "onednn"))
+    # both sides walk the layers in Python
+    return ab_decode_steps(base, batch, steps, switch, ("kernel", "onednn"), fused_decode=False)
 
 
 def write(passes: dict[str, list[dict]], steps: list[dict], tuned: dict, run: RunRecord) -> None:
@@ -100,11 +103,10 @@ def main() -> None:
     command = command_line(__spec__.name)
     run = RunRecord.start(command, threads=None, max_load=1.0, max_wait_s=60)
     base = LLM()
-    base.loaded.model.fused_decode = None  # both sides walk the layers in Python
     linears = [m for m in base.loaded.model.modules() if isinstance(m, PackedLinear)]
     if not cpu_ops.applies(linears[0]._weight):
         raise SystemExit("the few-row kernel needs fp32 weights and the C kernels built")
-    tuned = {f"{s[0]}x{s[1]}": m.kernel_rows for m in linears for s in [shape_of(m)]}
+    tuned = {f"{s[0]}x{s[1]}": m.plan.few_rows for m in linears for s in [shape_of(m)]}
     head = base.loaded.model.lm_head
     rows = [int(r) for r in args.rows.split(",")]
     layers = [m for m in linears if m is not head]

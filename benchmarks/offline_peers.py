@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,13 @@ def save_workload(workload: Sequence[OfflineRequest], path: Path) -> None:
 
 def load_workload(path: Path) -> list[OfflineRequest]:
     return [OfflineRequest(**r) for r in json.loads(path.read_text())]
+
+
+def load_result(path: Path) -> OfflineResult:
+    """A peer's result as it wrote it (`OfflineResult.to_dict()`, here or in `vllm_peer.py`),
+    skipping derived keys (tokens_per_s)."""
+    names = {f.name for f in fields(OfflineResult)}
+    return OfflineResult(**{k: v for k, v in json.loads(path.read_text()).items() if k in names})
 
 
 # ---------------------------------------------------------------- Hugging Face static batching

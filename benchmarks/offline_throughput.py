@@ -24,7 +24,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from benchmarks.offline_peers import save_workload
+from benchmarks.offline_peers import load_result, save_workload
 from benchmarks.offline_report import OfflineReport, label, markdown, write_report
 from benchmarks.run_env import (
     REPO_ROOT,
@@ -127,7 +127,7 @@ def run_one(
         tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
         note = f"exit code {code}: " + " / ".join(tail)[-400:]
         return OfflineResult(peer, dtype, "failed", note=note, details=load)
-    result = OfflineResult.from_dict(json.loads(result_path.read_text()))
+    result = load_result(result_path)
     return replace(result, details={**result.details, **load})
 
 

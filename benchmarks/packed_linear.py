@@ -4,7 +4,7 @@
 
 Two engines share nothing but the checkpoint: one loads SmolLM2 with `prepack=False`
 (`F.linear` on row-major weights), one with the loader's default (weights reordered once
-for oneDNN, `minserve/model/packed_linear.py`, every row count on oneDNN: the loader's
+for oneDNN, `minserve/platforms/cpu/packed_linear.py`, every row count on oneDNN: the loader's
 choice of F.linear for a decode's few rows, `linear_choice.py`, is turned off here, so the
 two rows compare the two GEMMs); both fuse q/k/v and gate/up. For each
 dtype and batch size, both get the same requests (128-token prompts, greedy), then their
@@ -27,8 +27,8 @@ from tqdm import tqdm
 from benchmarks.run_env import RunRecord, command_line, write_results
 from minserve.kernels.onednn import can_prepack
 from minserve.llm import LLM
-from minserve.model.loader import LoadedModel, load_model
-from minserve.model.packed_linear import PackedLinear
+from minserve.loader import LoadedModel, load_model
+from minserve.platforms.cpu.packed_linear import PackedLinear
 from minserve.sampling_params import SamplingParams
 
 HERE = Path(__file__).resolve().parent

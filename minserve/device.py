@@ -45,20 +45,24 @@ def cuda_unusable_reason() -> str | None:
 
 
 def choose_device(device: str | torch.device = "auto") -> DeviceChoice:
-    """`device` resolved: "auto" is the GPU when one is usable, else the CPU."""
+    """`device` resolved: "auto" is the GPU when one is usable, else the CPU. A GPU always
+    carries its index (`torch.cuda.set_device` refuses a bare "cuda"): "auto" and "cuda"
+    take this thread's current GPU, GPU 0 unless the process chose another (a P/D
+    instance on its own GPU)."""
     unusable = cuda_unusable_reason()
     if device == "auto":
         if unusable is None:
-            return DeviceChoice(torch.device("cuda"), f"auto: {_describe_gpu(0)}")
+            gpu = torch.device("cuda", torch.cuda.current_device())
+            return DeviceChoice(gpu, f"auto: {_describe_gpu(gpu.index)}")
         return DeviceChoice(torch.device("cpu"), f"auto: {unusable}")
     target = torch.device(device)
     if target.type != "cuda":
         return DeviceChoice(target, "as asked")
     if unusable is not None:
         raise ValueError(f"device={str(device)!r} cannot be used: {unusable}")
-    index = 0 if target.index is None else target.index
+    index = torch.cuda.current_device() if target.index is None else target.index
     check_gpu_index(index, f"device={str(device)!r}")
-    return DeviceChoice(target, f"as asked: {_describe_gpu(index)}")
+    return DeviceChoice(torch.device("cuda", index), f"as asked: {_describe_gpu(index)}")
 
 
 def rank_device(device: str, rank: int, local_rank: int | None = None) -> torch.device:

@@ -1,17 +1,24 @@
-"""The engine: one `step()` is three calls with one-way messages (vLLM v1, nano-vllm).
+"""The engine: one `step()` is four calls passing messages one way, and one message back
+(vLLM v1, nano-vllm).
 
     sched_out = scheduler.schedule()                      # who runs, how many tokens each,
-                                                          # block tables, block copies
-    run_out   = worker.execute(sched_out)                 # block copies, decoder, sampler
-    new       = scheduler.update_from_output(sched_out, run_out)
+                                                          # block tables, block copies, the
+                                                          # sequences finished meanwhile
+    run_out   = worker.execute(sched_out)                 # drops those sequences' state;
+                                                          # block copies, decoder, sampler
+    update    = scheduler.update_from_output(sched_out, run_out)
+                                                          # aborts the worker's failures;
                                                           # computed tokens, forks, appended
                                                           # tokens, token stop rules, frees
-    deltas    = output_processor.process(new)             # text, stop strings, logprobs
+    processed = output_processor.process(update)          # text, stop strings, logprobs
+    scheduler.apply_stops(processed.stops)                # the one message back
 
 `LLM` drives it to completion and adds the deltas up; the server streams them as they come.
-The scheduler owns every piece of scheduling state, the worker owns the device, the output
-processor owns what the caller sees. A stop string found in the text is the one message
-that goes back: the engine tells the scheduler to finish that sample.
+The scheduler owns every piece of scheduling state, the worker owns the device (and what it
+keeps per sequence, dropped when a step names the sequence finished), the output processor
+owns what the caller sees. What the output processor finds in the text is the one message
+that goes back (`OutputStops`): a stop string finishes its sample, text that failed aborts
+its request.
 
 Failures come in two sizes. One request's (its logits row is NaN, its tokens cannot be
 decoded) aborts that request, the step goes on for the others, and `step()` raises
@@ -25,17 +32,14 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
-from minserve.attention.backends import get_attention_backend, with_decode_kernels
+from minserve.attention.backends import choose_attention
 from minserve.attention.contiguous import Attend
-from minserve.attention.per_sequence import PerSequenceAttention
 from minserve.attention.triton_decode import DecodeKernels
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
-from minserve.execution import ExecutionConfig
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import host_tier_for
@@ -45,8 +49,8 @@ from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
-from minserve.messages import ModelRunnerOutput, NewTokens, SchedulerOutput
-from minserve.model.loader import LoadedModel
+from minserve.loader import LoadedModel
+from minserve.messages import ModelRunnerOutput, SchedulerOutput
 from minserve.model.sampler import Sampler
 from minserve.output_processor import OutputProcessor, ProcessedStep, SampleOutput
 from minserve.outputs import RequestOutput
@@ -59,6 +63,7 @@ from minserve.speculative.config import SpeculativeConfig
 from minserve.step_timings import PhaseClock, StepTimings
 from minserve.stop_strings import StopStringMatcher
 from minserve.worker.memory import GIB, measure_kv_cache_budget
+from minserve.worker.pool_size import PoolPeers, PoolRequest
 from minserve.worker.warmup import warm_up
 from minserve.worker.worker import StepPeers, Worker
 
@@ -90,13 +95,23 @@ def observe_steps(engine: LLMEngine) -> Iterator[list[StepRecord]]:
 
 
 def _size_for_device(
-    cache_config: CacheConfig, loaded: LoadedModel, scheduler_config: SchedulerConfig
+    cache_config: CacheConfig,
+    loaded: LoadedModel,
+    scheduler_config: SchedulerConfig,
+    peers: StepPeers | None = None,
 ) -> tuple[CacheConfig, bool]:
     """On a GPU with no pool size given, the pool takes what `gpu_memory_utilization` leaves
-    after the weights and the largest step's activations (measured). True if sized so."""
+    after the weights and the largest step's activations (measured). True if sized so.
+    Tensor parallel: every rank measures its own shard, together (their layers
+    all-reduce), and the pool is the smallest any rank affords (`pool_size.py`)."""
     device = next(loaded.model.parameters()).device
     given = cache_config.num_blocks is not None or cache_config.kv_cache_memory_bytes is not None
-    if device.type != "cuda" or given:
+    measure = device.type == "cuda" and not given
+    if isinstance(peers, PoolPeers):
+        request = PoolRequest.for_engine(cache_config, loaded.model, scheduler_config, measure)
+        num_blocks = peers.agree_pool_blocks(request, loaded.model)
+        return replace(cache_config, num_blocks=num_blocks, kv_cache_memory_bytes=None), measure
+    if not measure:
         return cache_config, False
     budget = measure_kv_cache_budget(
         loaded.model, cache_config.gpu_memory_utilization,
@@ -137,13 +152,16 @@ class LLMEngine:
         self.loaded = loaded
         self.scheduler_config = scheduler_config
         param = next(loaded.model.parameters())
-        cache_config, sized_by_memory = _size_for_device(cache_config, loaded, scheduler_config)
-        execution = _codec_attention(
-            loaded.execution.with_attention(attention_backend), attention_backend,
-            kv_codec, decode_kernels,
+        cache_config, sized_by_memory = _size_for_device(
+            cache_config, loaded, scheduler_config, peers
+        )
+        execution = loaded.execution.with_kv_cache(cache_config.kv_cache_dtype)
+        attention = choose_attention(
+            attention_backend, execution.device, execution.c_kernels, execution.kv_cache_dtype,
+            kv_codec is not None, decode_kernels, attend,
         )  # fmt: skip
-        self.execution, backend = _attention(execution, attention_backend, decode_kernels, attend)
-        self.execution = self.execution.with_kv_cache(cache_config.kv_cache_dtype)
+        self.execution = replace(execution, attention=attention.name)
+        backend = attention.backend
         kv_format = resolve_kv_format(self.execution.kv_cache_dtype, param.dtype, kv_codec)
         num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, kv_format)
         pool = PagedKVPool(
@@ -154,7 +172,8 @@ class LLMEngine:
             num_blocks, pool.block_size, num_blocks * pool.block_size, pool.nbytes / GIB,
             kv_format.name,
         )  # fmt: skip
-        self.worker = Worker(loaded.model, pool, backend, sampler, speculative_config, peers)
+        runner = loaded.platform.runner(loaded.model, pool, backend)
+        self.worker = Worker(runner, sampler, speculative_config, peers)
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
             logger.info("warm-up: the Triton kernels' step shapes ran once in %.1f s", seconds)
@@ -261,8 +280,7 @@ class LLMEngine:
         if request_id not in self.output_processor.requests:
             return
         self.output_processor.forget(request_id)
-        self.scheduler.abort_request(request_id)
-        self.worker.release(self.scheduler.take_finished_ids())
+        self.scheduler.abort_request(request_id)  # the next step tells the worker
         self.counters.num_requests_aborted += 1
 
     def forget_request(self, request_id: str) -> None:
@@ -300,37 +318,27 @@ class LLMEngine:
     ) -> tuple[list[RequestOutput], dict[str, str]]:
         """The step's deltas, and the requests that failed alone (request id -> why)."""
         if sched_out.is_empty:
-            self.worker.execute(sched_out)  # block operations only (an abort's swap copy)
+            self.worker.execute(sched_out)  # block operations, finished sequences' state
             self._check_progress()
             return [], {}
         run_out = self.worker.execute(sched_out)
         clock.skip()  # the worker timed its own phases
         self._record_step(sched_out)
-        self._abort_failed(run_out.failed)  # before the scheduler looks for their tokens
-        new_tokens = self.scheduler.update_from_output(sched_out, run_out)
-        self.output_processor.add_prompt_logprobs(run_out.prompt_logprobs)
-        processed = self._process(new_tokens)
-        self._abort_failed(processed.failed)
-        self.worker.release(self.scheduler.take_finished_ids())
+        update = self.scheduler.update_from_output(sched_out, run_out)
+        processed = self.output_processor.process(update)
+        self.scheduler.apply_stops(processed.stops)
+        failed = update.failed | processed.stops.failed
+        self._count(processed, failed)
         clock.lap("update")
         if run_out.timings is not None:
             clock.timings.add(run_out.timings)
         self._observe(StepRecord(sched_out, run_out, processed.outputs, clock.timings))
-        return processed.outputs, run_out.failed | processed.failed
+        return processed.outputs, failed
 
-    def _process(self, new_tokens: list[NewTokens]) -> ProcessedStep:
-        """New tokens to deltas; a sample a stop string ended is finished in the scheduler."""
-        processed = self.output_processor.process(new_tokens)
-        for request_id, index in processed.stopped:
-            self.scheduler.stop_sample(request_id, index)
+    def _count(self, processed: ProcessedStep, failed: dict[str, str]) -> None:
+        """Requests finished this step, and those aborted because they failed alone."""
         self.counters.num_requests_finished += sum(out.finished for out in processed.outputs)
-        return processed
-
-    def _abort_failed(self, failed: dict[str, str]) -> None:
-        """Requests that failed alone: gone from the scheduler, their blocks free, no text
-        decoded (aborting touches no token)."""
-        for request_id in failed:
-            self.abort_request(request_id)
+        self.counters.num_requests_aborted += len(failed)
 
     def _record_step(self, sched_out: SchedulerOutput) -> None:
         self.counters.num_steps += 1
@@ -354,51 +362,3 @@ class LLMEngine:
     def get_metrics(self) -> dict[str, float]:
         """Engine counters and gauges (vLLM's names where it has them)."""
         return engine_metrics(self.counters, self.scheduler, self.kv, self.timings)
-
-
-def _codec_attention(
-    execution: ExecutionConfig,
-    requested: str,
-    kv_codec: KVCodec | None,
-    decode_kernels: DecodeKernels | None,
-) -> ExecutionConfig:
-    """With a kv_codec, attention runs in torch, the path that calls the pool format's
-    `encode` and `decode` ("auto" resolves to it); the C and Triton int8 kernels hold
-    minserve's own arithmetic and would bypass the codec, so asking for them is an error."""
-    if kv_codec is None:
-        return execution
-    if decode_kernels is not None:
-        raise ValueError(
-            "kv_codec runs the int8 KV cache through torch attention; decode_kernels are "
-            "Triton kernels with their own int8 arithmetic: give one or the other"
-        )
-    if requested == "auto":
-        return replace(execution, attention="torch")
-    if execution.attention != "torch":
-        raise ValueError(
-            f"kv_codec runs on attention_backend='torch' (or 'auto'); the {requested!r} "
-            "backend's int8 kernels are minserve's own and would bypass the codec"
-        )
-    return execution
-
-
-def _attention(
-    execution: ExecutionConfig,
-    requested: str,
-    decode_kernels: DecodeKernels | None,
-    attend: Attend | None,
-) -> tuple[ExecutionConfig, Callable[..., Any]]:
-    """How attention runs, and the backend that builds it each step: the execution config's
-    backend, with a student's Triton decode kernels (chapter 02), or a student's `attend`
-    run once per sequence over its gathered K/V (chapter 00)."""
-    if decode_kernels is not None and attend is not None:
-        raise ValueError("give decode_kernels (chapter 02) or attend (chapter 00), not both")
-    if decode_kernels is not None:
-        return execution, with_decode_kernels(execution.attention, decode_kernels)
-    if attend is not None:
-        if requested != "auto":
-            raise ValueError("give attention_backend or attend, not both")
-        return replace(execution, attention="per-sequence"), partial(
-            PerSequenceAttention, attend=attend
-        )
-    return execution, get_attention_backend(execution.attention)

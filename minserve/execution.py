@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from minserve.attention.backends import resolve_attention, resolve_c_kernels
+from minserve.attention.backends import choose_attention, resolve_c_kernels
 from minserve.device import choose_device, native_bf16
 from minserve.environment import (
     C_KERNELS,
@@ -33,12 +33,6 @@ from minserve.kernels.onednn import can_prepack
 from minserve.kvcache.kv_format import KVFormat, check_kv_cache_dtype, kv_format
 from minserve.openmp_env import openmp_waits
 
-KV8_BACKENDS = (
-    "cpu",
-    "torch",
-    "triton",
-    "per-sequence",
-)  # the backends that read an 8-bit KV cache
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NO_NATIVE_BF16 = "no native bfloat16 on this CPU (AVX512-BF16 or AMX)"
 
@@ -70,21 +64,13 @@ class ExecutionConfig:
     kv_cache_dtype: str = "auto"  # canonical name: "fp8" is recorded as "fp8_e4m3"
     packed_as: str = ""  # what the loader packed: "panels", "oneDNN" or "panels+oneDNN"
     fused_decode: bool = False  # decode steps run the layers from one C call (fused_decode.py)
-
-    def with_attention(self, name: str) -> ExecutionConfig:
-        """This config with the attention backend `name` ("auto": the default) resolved."""
-        return replace(self, attention=resolve_attention(name, self.device, self.c_kernels))
+    ops: str = "torch"  # what the layers compute with: "torch", "c-kernels" or "yours"
+    platform: str = ""  # whose decisions: "cpu", "cuda" (`minserve/platforms/`)
 
     def with_kv_cache(self, name: str) -> ExecutionConfig:
-        """This config with the KV cache stored as `name` (vLLM's `kv_cache_dtype`)."""
-        name = check_kv_cache_dtype(name)
-        if name != "auto" and self.attention not in KV8_BACKENDS:
-            raise ValueError(
-                f"kv_cache_dtype={name!r} runs on the attention backends "
-                f"{', '.join(KV8_BACKENDS)}; the {self.attention!r} backend reads a "
-                "16/32-bit cache only: use kv_cache_dtype='auto' or another backend"
-            )
-        return replace(self, kv_cache_dtype=name)
+        """This config with the KV cache stored as `name` (vLLM's `kv_cache_dtype`;
+        `attention/backends.py` checks that the backend serves it)."""
+        return replace(self, kv_cache_dtype=check_kv_cache_dtype(name))
 
     @property
     def kv_format(self) -> KVFormat:
@@ -94,9 +80,11 @@ class ExecutionConfig:
     def summary(self) -> str:
         """One line: every choice, e.g. `execution: device=cpu dtype=float32 ...`."""
         fields = {
+            "platform": self.platform or self.device.type,
             "device": _with_why(str(self.device), self.device_why),
             "dtype": _with_why(str(self.dtype).removeprefix("torch."), self.dtype_why),
             "attention": self.attention,
+            "ops": self.ops,
             "c_kernels": _on_off(self.c_kernels, self.c_kernels_missing),
             "prepack": _on_off(self.prepack) + (f"({self.packed_as})" if self.packed_as else ""),
             "linear_rows": self._rows_text(),
@@ -169,7 +157,7 @@ def resolve_execution(
     return ExecutionConfig(
         device=target,
         dtype=torch_dtype,
-        attention=resolve_attention(attention, target, c_kernels),
+        attention=choose_attention(attention, target, c_kernels).name,
         c_kernels=c_kernels,
         prepack=packed,
         linear_rows=rows if few_rows else 0,

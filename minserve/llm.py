@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,8 @@ from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.kv_format import KVCodec, check_kv_codec
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
-from minserve.model.loader import LoadedModel, load_model
-from minserve.model.ops import MODEL_OPS, ModelOps
+from minserve.loader import LoadedModel, load_model
+from minserve.model.ops import ModelOps
 from minserve.model.quant_blocks import QuantCodec
 from minserve.model.quantized_linear import use_quant_codec
 from minserve.model.sampler import Sampler
@@ -64,7 +65,7 @@ class LLM:
     (with attention_backend="triton") replaces the Triton decode, store and prefill kernels,
     as chapter 02 does with a student's (docs/course.md). How it runs on this machine (device,
     dtype, attention backend, C kernels) is logged once at info level and returned by
-    `get_execution_config()` (docs/engine.md, "Kernels on a CPU").
+    `get_execution_config()` (docs/engine.md, "Which path runs: the execution config").
     model_ops=ModelOps.from_module(module) runs the model on that module's `rms_norm`,
     `apply_rope`, `swiglu` and `attend` (chapter 00; docs/course.md): the first three in
     every layer instead of minserve's own (and its C kernels), `attend` once per sequence
@@ -170,7 +171,7 @@ class LLM:
             self.loaded = _load(model, dtype, device, quantization)
         if model_ops is not None and tensor_parallel_size != 1:
             raise ValueError("model_ops runs in one process; leave tensor_parallel_size at 1")
-        self.loaded.model.use_ops(model_ops or MODEL_OPS)
+        self.loaded.model.use_ops(model_ops or self.loaded.platform.ops)
         if use_quant_codec(self.loaded.model, quant_codec) == 0 and quant_codec is not None:
             raise ValueError(
                 'quant_codec widens GGUF blocks; load a .gguf model with quantization="gguf"'
@@ -203,8 +204,10 @@ class LLM:
         self.execution: ExecutionConfig = (  # how it runs, said once (docs/engine.md)
             self.engine.execution
             if self.engine is not None
-            else self.loaded.execution.with_attention("contiguous")
+            else replace(self.loaded.execution, attention="contiguous")
         )
+        if model_ops is not None:  # the layers compute with a student's functions
+            self.execution = replace(self.execution, ops="yours")
         logger.info(self.execution.summary())
         self.sample_output_cls = sample_output_cls
         self.stop_matcher_cls = stop_matcher_cls

@@ -1,15 +1,18 @@
 """The messages of one engine step: scheduler -> worker -> scheduler -> output processor
-(vLLM v1's shape).
+-> scheduler (vLLM v1's shape).
 
-    sched_out = scheduler.schedule()                           # SchedulerOutput
-    run_out   = worker.execute(sched_out)                      # ModelRunnerOutput
-    new       = scheduler.update_from_output(sched_out, run_out)  # list[NewTokens]
+    sched_out = scheduler.schedule()                              # SchedulerOutput
+    run_out   = worker.execute(sched_out)                         # ModelRunnerOutput
+    update    = scheduler.update_from_output(sched_out, run_out)  # SchedulerUpdate
+    processed = output_processor.process(update)                  # deltas, and OutputStops
+    scheduler.apply_stops(processed.stops)                        # the one message back
 
-Both are plain data: ids, token ids, positions, block ids. The scheduler decides and does
-the bookkeeping (which blocks a sequence owns); the worker owns the device: the KV pool,
-the block copies the scheduler asked for, the model, the sampler. Nothing in a message
-points back into the scheduler's state, so a message can cross a process boundary (tensor
-parallel ranks receive the same step).
+All are plain data: ids, token ids, positions, block ids. The scheduler decides and does
+the bookkeeping (which blocks a sequence owns, which sequences finished); the worker owns
+the device: the KV pool, the block copies the scheduler asked for, the model, the sampler,
+and what it keeps per sequence (dropped when a step names the sequence finished). Nothing
+in a message points back into the scheduler's state, so a message can cross a process
+boundary (tensor parallel ranks receive the same step).
 """
 
 from __future__ import annotations
@@ -129,6 +132,9 @@ class SchedulerOutput:
     chunks: tuple[ScheduledChunk, ...] = ()
     block_ops: tuple[BlockOp, ...] = ()
     preempted_request_ids: tuple[str, ...] = ()  # what made room for this batch
+    # sequences finished or aborted since the last step: the worker drops what it keeps for
+    # them (a draft model's KV) before it runs this one (vLLM v1's `finished_req_ids`)
+    finished_seq_ids: tuple[int, ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:
@@ -174,7 +180,8 @@ class ModelRunnerOutput:
     """The worker's answer: per sampling chunk, one `SampledTokens` per row of its `samples`.
 
     A chunk whose sampling failed (NaN logits, say) has no entry in `sampled`; its request
-    is in `failed` with the reason, and the engine aborts it before the scheduler moves on.
+    is in `failed` with the reason, and the scheduler's update aborts it before it moves
+    the others on.
     """
 
     sampled: dict[int, tuple[SampledTokens, ...]] = field(default_factory=dict)  # by seq id
@@ -204,3 +211,29 @@ class NewTokens:
     finish_reason: str | None = None
     stop_reason: int | None = None
     num_cached_tokens: int = 0  # the request's prompt tokens found in the prefix cache
+
+
+@dataclass(frozen=True)
+class SchedulerUpdate:
+    """What `Scheduler.update_from_output` did with a step, for the output processor: each
+    sample's new tokens (batch order), the sequences it finished (the next step's
+    `SchedulerOutput` names them to the worker), the requests it aborted because the worker
+    failed them alone (request id -> why), and the prompt logprobs the worker scored."""
+
+    new_tokens: tuple[NewTokens, ...] = ()
+    finished_seq_ids: tuple[int, ...] = ()
+    failed: dict[str, str] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # by request id
+
+
+# --- output processor -> scheduler ---
+
+
+@dataclass(frozen=True)
+class OutputStops:
+    """What the output processor found in the text, the one message that goes back: the
+    samples a stop string ended (the scheduler finishes them, "stop") and the requests whose
+    tokens could not be turned into output (the scheduler aborts them: they fail alone)."""
+
+    stopped: tuple[tuple[str, int], ...] = ()  # (request id, sample index)
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> why

@@ -1,13 +1,13 @@
 """The output processor: new token ids in, what the caller sees out (vLLM v1's OutputProcessor).
 
-After each step the scheduler reports, per sample, the tokens it gained (`NewTokens`). This
-turns them into deltas: the text they add (incremental detokenization,
-`model/detokenizer.py`), cut at the first stop string (`stop_strings.py`), with their
-logprobs and the finish reason.
+After each step the scheduler reports, per sample, the tokens it gained (`NewTokens`, in
+its `SchedulerUpdate`). This turns them into deltas: the text they add (incremental
+detokenization, `model/detokenizer.py`), cut at the first stop string (`stop_strings.py`),
+with their logprobs and the finish reason.
 
     NewTokens ──► SampleOutput.update ──► CompletionOutput (this step's part only)
                         │
-                        └─ a stop string ended the sample: the engine tells the scheduler
+                        └─ a stop string ended the sample: `OutputStops` tells the scheduler
 
 A step's result is one `RequestOutput` per request that got tokens, holding only what is
 new (a delta). The server streams deltas as they are; `LLM.generate` adds them up
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minserve.messages import NewTokens, PromptLogprobs
+from minserve.messages import NewTokens, OutputStops, PromptLogprobs, SchedulerUpdate
 from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import (
@@ -134,14 +134,14 @@ class RequestState:
         return self.prompt_logprobs
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProcessedStep:
-    """A step's deltas, the samples a stop string ended (the scheduler still runs them), and
-    the requests whose new tokens could not be turned into output (they fail alone)."""
+    """A step's deltas, and the message back to the scheduler: the samples a stop string
+    ended (the scheduler still runs them) and the requests whose new tokens could not be
+    turned into output (they fail alone; their output side is dropped already)."""
 
     outputs: list[RequestOutput] = field(default_factory=list)
-    stopped: list[tuple[str, int]] = field(default_factory=list)  # (request id, sample index)
-    failed: dict[str, str] = field(default_factory=dict)  # request id -> why
+    stops: OutputStops = field(default_factory=OutputStops)
 
 
 def check_stop_matcher_cls(cls: type) -> None:
@@ -212,34 +212,40 @@ class OutputProcessor:
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def process(self, new_tokens: list[NewTokens]) -> ProcessedStep:
+    def process(self, update: SchedulerUpdate) -> ProcessedStep:
         """Each sample's delta, gathered per request in the order the requests come.
 
-        A sample whose update raises (a token its tokenizer cannot decode, say) fails its
-        request alone: no delta for it, the reason in `failed`, the others go on."""
-        step = ProcessedStep()
+        Requests the scheduler aborted (`update.failed`) are dropped first. A sample whose
+        update raises (a token its tokenizer cannot decode, say) fails its request alone:
+        no delta for it, the request dropped, the reason in the stops; the others go on."""
+        for request_id in update.failed:
+            self.forget(request_id)
+        self.add_prompt_logprobs(update.prompt_logprobs)
         deltas: dict[str, list[CompletionOutput]] = {}
-        for new in new_tokens:
+        stopped: list[tuple[str, int]] = []  # (request id, sample index)
+        failed: dict[str, str] = {}
+        for new in update.new_tokens:
             state = self.requests.get(new.request_id)
-            if state is None or new.request_id in step.failed:  # aborted, forgotten or failed
+            if state is None or new.request_id in failed:  # aborted, forgotten or failed
                 continue
             try:
                 delta = state.samples[new.index].update(new)
             except Exception as error:  # this request's failure, not the step's
-                step.failed[new.request_id] = (
+                failed[new.request_id] = (
                     f"its new tokens could not be processed ({type(error).__name__}: {error})"
                 )
                 deltas.pop(new.request_id, None)
                 continue
             if delta.finished and new.finish_reason is None:
-                step.stopped.append((new.request_id, new.index))
+                stopped.append((new.request_id, new.index))
             state.num_cached_tokens = new.num_cached_tokens
             deltas.setdefault(new.request_id, []).append(delta)
+        for request_id in failed:
+            self.forget(request_id)
         now = time.monotonic()
-        for request_id, completions in deltas.items():
-            step.outputs.append(self._output(self.requests[request_id], completions, now))
-        step.stopped = [(rid, index) for rid, index in step.stopped if rid not in step.failed]
-        return step
+        outputs = [self._output(self.requests[r], deltas[r], now) for r in deltas]
+        stopped = [(rid, index) for rid, index in stopped if rid not in failed]
+        return ProcessedStep(outputs, OutputStops(tuple(stopped), failed))
 
     def _output(
         self, state: RequestState, completions: list[CompletionOutput], now: float

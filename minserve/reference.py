@@ -16,7 +16,7 @@ import torch
 
 from minserve.attention.contiguous import Attend, ContiguousAttention, ContiguousSlice, SequenceKV
 from minserve.errors import RequestsFailedError
-from minserve.messages import NewTokens
+from minserve.messages import NewTokens, SchedulerUpdate
 from minserve.model.llama import CausalLM
 from minserve.model.sampler import Sampler
 from minserve.output_processor import OutputProcessor
@@ -63,8 +63,8 @@ class ReferenceGenerator:
         while waiting or running:
             while waiting and len(running) < self.max_num_seqs:
                 running.append(self._admit(*waiting.popleft()))
-            processed = outputs.process(self.step(running))
-            for request_id, index in processed.stopped:  # a stop string ended it
+            processed = outputs.process(SchedulerUpdate(new_tokens=tuple(self.step(running))))
+            for request_id, index in processed.stops.stopped:  # a stop string ended it
                 (stopped,) = [r for r in running if (r.request.request_id, r.sample.index)
                               == (request_id, index)]  # fmt: skip
                 stopped.sample.finish("stop")

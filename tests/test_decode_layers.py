@@ -1,4 +1,5 @@
-"""The decode loop in C (`fused_decode.py`, `kernels/decode_layers.c`) against the Python loop.
+"""The decode loop in C (`platforms/cpu/fused_decode.py`, `kernels/decode_layers.c`) against
+the Python loop.
 
 It runs the same kernels in the same order, so a decode step's results are equal bit for
 bit: the tests generate with both loops on one engine and compare every token's
@@ -18,18 +19,19 @@ import torch
 
 from minserve import LLM, SamplingParams
 from minserve.kernels import cpu_ops
-from minserve.model import fused_decode
 from minserve.model.ops import MODEL_OPS
 from minserve.model.quant_blocks import CODEC
 from minserve.model.quantized_linear import use_quant_codec
+from minserve.platforms.cpu import fused_decode
+from minserve.platforms.cpu.ops import C_KERNEL_OPS
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a time"]
 
 
 def generate(llm: LLM, prompts: list[str], fused: bool, max_tokens: int = 6):
     """Greedy outputs of `prompts` with the C loop on or off, and the row counts it ran."""
-    net = llm.loaded.model
-    loop, net.fused_decode = net.fused_decode, net.fused_decode if fused else None
+    runner = llm.engine.worker.runner  # the CPU runner owns the loop
+    loop, runner.fused_decode = runner.fused_decode, runner.fused_decode if fused else None
     runs: list[int] = []
     real = fused_decode.run_decode_layers
 
@@ -42,7 +44,7 @@ def generate(llm: LLM, prompts: list[str], fused: bool, max_tokens: int = 6):
         with mock.patch.object(fused_decode, "run_decode_layers", counted):
             outputs = llm.generate(prompts, params, use_tqdm=False)
     finally:
-        net.fused_decode = loop
+        runner.fused_decode = loop
     return [o.outputs[0] for o in outputs], runs
 
 
@@ -69,19 +71,25 @@ def test_a_bfloat16_model_decodes_alike_in_the_c_loop(bf16: LLM) -> None:
     assert_same_steps(bf16, PROMPTS[:1], rows=1)
 
 
-def test_the_loop_stands_aside_for_other_ops_and_when_the_kernels_are_off(bf16: LLM) -> None:
+def test_the_loop_stands_aside_for_other_ops(bf16: LLM) -> None:
     net = bf16.loaded.model
-    own = dataclasses.replace(MODEL_OPS)  # the same functions in another object
+    assert net.ops is C_KERNEL_OPS  # the CPU platform's choice at load
     try:
-        net.use_ops(own)  # as a student's ops would be
+        net.use_ops(dataclasses.replace(C_KERNEL_OPS))  # as a student's ops would be
         assert generate(bf16, PROMPTS[:2], fused=True)[1] == []
-        net.use_ops(MODEL_OPS)
-        net.use_c_kernels(False)
+        net.use_ops(MODEL_OPS)  # minserve's torch ops: the layers' own torch code
         assert generate(bf16, PROMPTS[:2], fused=True)[1] == []
     finally:
-        net.use_ops(MODEL_OPS)
-        net.use_c_kernels(True)
+        net.use_ops(C_KERNEL_OPS)
     assert generate(bf16, PROMPTS[:2], fused=True)[1] == [2] * 5
+
+
+def test_with_the_kernels_off_there_is_no_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINSERVE_C_KERNELS", "0")
+    llm = LLM(None, dtype="bfloat16", device="cpu")
+    assert llm.engine.worker.runner.fused_decode is None
+    assert "fused_decode=off" in llm.get_execution_config().summary()
+    assert llm.loaded.model.ops is MODEL_OPS
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -112,7 +120,7 @@ def test_few_row_kernels_and_biases_decode_alike_in_the_c_loop(
 
 def test_steps_the_loop_cannot_take_run_in_python(tiny_model) -> None:
     qwen3 = LLM(str(tiny_model("qwen3")), dtype="bfloat16", device="cpu")  # q/k norms
-    assert qwen3.loaded.model.fused_decode is None
+    assert qwen3.engine.worker.runner.fused_decode is None
     assert "fused_decode=off" in qwen3.get_execution_config().summary()
     fp8 = LLM(str(tiny_model("llama")), dtype="bfloat16", device="cpu", kv_cache_dtype="fp8")
     assert generate(fp8, PROMPTS[:2], fused=True)[1] == []  # fp8 rows are encoded in torch
@@ -131,7 +139,10 @@ def test_a_quantization_codec_takes_the_layers_back_from_the_loop() -> None:
 
 
 def test_the_loop_refuses_a_kernel_it_does_not_know() -> None:
-    from minserve.kernels.decode_layers import KernelLinear
+    from minserve.kernels.decode_layers import c_linear
+    from minserve.kernels.linear_kernels import KernelLinear
 
-    with pytest.raises(ValueError, match="no C linear kernel 'Q5_K rows'"):
-        KernelLinear("Q5_K rows", torch.zeros(1), 32, 32).struct()
+    with pytest.raises(ValueError, match="no linear kernel 'Q5_K rows'"):
+        KernelLinear("Q5_K rows", torch.zeros(1), 32, 32)
+    with pytest.raises(ValueError, match="no C linear kernel 'Q4_1 widen'"):
+        c_linear(KernelLinear("Q4_1 widen", torch.zeros(1), 32, 32))

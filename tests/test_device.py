@@ -16,7 +16,7 @@ from minserve.execution import resolve_execution
 def test_auto_takes_the_gpu_and_says_which(gpus) -> None:
     gpus(2)
     choice = choose_device("auto")
-    assert choice.device == torch.device("cuda")
+    assert choice.device == torch.device("cuda", 0)
     assert choice.why == "auto: GPU 0 of 2 (Test GPU 0)"
     assert choose_device("cuda:1").why == "as asked: GPU 1 of 2 (Test GPU 1)"
 
@@ -53,10 +53,41 @@ def test_each_rank_gets_its_own_gpu_and_never_wraps_around(gpus) -> None:
 
 
 def test_use_device_makes_the_gpu_current(gpus) -> None:
-    current = gpus(2)
+    cuda = gpus(2)
     use_device(torch.device("cpu"))
     use_device(torch.device("cuda", 1))
-    assert current == [torch.device("cuda", 1)]
+    assert cuda.calls == [torch.device("cuda", 1)] and torch.cuda.current_device() == 1
+
+
+@pytest.mark.parametrize("asked", ["auto", "cuda", "cuda:1"])
+def test_the_chosen_gpu_carries_an_index_that_set_device_accepts(gpus, asked) -> None:
+    """What the loader does (`use_device(execution.device)`): a bare "cuda" used to crash it."""
+    gpus(2)
+    execution = resolve_execution(asked, environ={})
+    expected = 1 if asked == "cuda:1" else 0
+    assert execution.device == torch.device("cuda", expected)
+    use_device(execution.device)
+    assert torch.cuda.current_device() == expected
+
+
+def test_a_bare_cuda_is_the_gpu_this_process_made_current(gpus) -> None:
+    """A P/D instance sets its own GPU first; its LLM(device="cuda") must stay on it."""
+    gpus(2)
+    torch.cuda.set_device(1)
+    assert choose_device("cuda").device == torch.device("cuda", 1)
+    assert choose_device("auto").why == "auto: GPU 1 of 2 (Test GPU 1)"
+
+
+def test_the_stand_in_refuses_what_real_set_device_refuses(gpus) -> None:
+    gpus(2)
+    with pytest.raises(ValueError, match="Expected a torch.device with a specified index"):
+        torch.cuda.set_device(torch.device("cuda"))
+    with pytest.raises(ValueError, match="Expected a cuda device, but got: cpu"):
+        torch.cuda.set_device("cpu")
+    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+        torch.cuda.set_device(2)
+    torch.cuda.set_device(-1)  # real torch: a no-op
+    assert torch.cuda.current_device() == 0
 
 
 def test_decode_splits_follow_the_gpu_the_tensors_are_on(gpus, monkeypatch) -> None:

@@ -4,6 +4,7 @@ kernels off give the same greedy tokens as on."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -21,7 +22,9 @@ from minserve.kernels import cpu_ops
 from minserve.kernels.build import cache_dir, cpu_kernels
 from minserve.kernels.onednn import can_prepack
 from minserve.llm import LLM
-from minserve.model.packed_linear import PackedLinear
+from minserve.model.ops import MODEL_OPS
+from minserve.platforms.cpu.ops import C_KERNEL_OPS as C_KERNEL_OPS_VALUE
+from minserve.platforms.cpu.packed_linear import PackedLinear
 from minserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -30,6 +33,11 @@ pytestmark = pytest.mark.skipif(
 )
 DEFAULT_CACHE = Path.home() / ".cache" / "minserve" / "kernels"
 C_KERNEL_OPS = ("rms_norm", "rope", "silu_mul", "linear_rows", "bf16_logits")
+
+
+def rows_limit(layer: PackedLinear) -> int:
+    """Up to how many rows the layer's plan sends to the few-row kernel."""
+    return layer.plan.few_rows if layer.plan.few is not None else 0
 
 
 def cpu(**environ: str) -> ExecutionConfig:
@@ -203,9 +211,10 @@ def test_the_summary_names_every_choice_on_one_line() -> None:
         rows_by_shape=(("576x576", 16), ("576x1536", 12)), packed_as="oneDNN", fused_decode=True,
     )  # fmt: skip
     assert config.summary() == (
-        "execution: device=cpu dtype=float32 attention=cpu c_kernels=on prepack=on(oneDNN) "
-        "linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on fused_decode=on "
-        "quantization=none openmp_waits=spin(10000)-then-sleep kv_cache=float32 kernel_cache=/k"
+        "execution: platform=cpu device=cpu dtype=float32 attention=cpu ops=torch c_kernels=on "
+        "prepack=on(oneDNN) linear_rows=measured(576x576:16,576x1536:12) greedy_screen=on "
+        "fused_decode=on quantization=none openmp_waits=spin(10000)-then-sleep kv_cache=float32 "
+        "kernel_cache=/k"
     )
     fixed = cpu(MINSERVE_KERNEL_ROWS="8", MINSERVE_GREEDY_SCREEN="0").summary()
     assert "linear_rows=8 greedy_screen=off" in fixed
@@ -218,14 +227,14 @@ def test_the_llm_logs_its_config_once_and_returns_it(tiny_model, caplog) -> None
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("execution:")]
     config = llm.get_execution_config()
     assert lines == [config.summary()] and config is llm.engine.execution
-    assert lines[0].startswith("execution: device=cpu(auto: ")  # which device, and why
+    assert lines[0].startswith("execution: platform=cpu device=cpu(auto: ")  # and why
     assert (
-        " dtype=float32(auto: MINSERVE_CPU_BF16=0) attention=cpu c_kernels=on prepack=on(oneDNN) "
-        "linear_rows=measured(" in lines[0]
+        " dtype=float32(auto: MINSERVE_CPU_BF16=0) attention=cpu ops=c-kernels c_kernels=on "
+        "prepack=on(oneDNN) linear_rows=measured(" in lines[0]
     )
     linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
-    assert dict(config.rows_by_shape) == {  # what the loader set on each layer shape
-        f"{m.in_features}x{m.out_features}": m.kernel_rows for m in linears
+    assert dict(config.rows_by_shape) == {  # what the platform set on each layer shape
+        f"{m.in_features}x{m.out_features}": rows_limit(m) for m in linears
     }
 
 
@@ -235,14 +244,14 @@ def test_a_fixed_row_count_from_the_environment_reaches_every_layer(
     monkeypatch.setenv("MINSERVE_KERNEL_ROWS", "3")
     llm = LLM(tiny_model("llama"))
     linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
-    assert {m.kernel_rows for m in linears} == {3}
+    assert {rows_limit(m) for m in linears} == {3}
     assert llm.get_execution_config().linear_rows == 3
 
 
 def test_the_greedy_screen_switched_off_is_not_attached(tiny_model, monkeypatch) -> None:
     monkeypatch.setenv("MINSERVE_GREEDY_SCREEN", "0")
     llm = LLM(tiny_model("llama"))
-    assert llm.loaded.model.greedy_screen is None
+    assert llm.engine.worker.runner.screen is None
     assert not llm.get_execution_config().greedy_screen
 
 
@@ -284,19 +293,26 @@ def test_the_c_kernels_off_give_the_same_greedy_tokens(tiny_model, monkeypatch) 
     assert greedy_tokens(llm) == with_c
 
 
-def test_the_models_switch_reaches_every_layer(tiny_model, monkeypatch) -> None:
+def test_the_platforms_ops_reach_every_layer(tiny_model) -> None:
     llm = LLM(tiny_model("llama"), attention_backend="torch")
+    model = llm.loaded.model
+    assert model.ops is C_KERNEL_OPS_VALUE and llm.get_execution_config().ops == "c-kernels"
     with_c = greedy_tokens(llm)
-    llm.loaded.model.use_c_kernels(False)
-    with monkeypatch.context() as patch:
-        refuse_c_kernels(patch)
+    calls: list[str] = []
+
+    def counting(name: str):
+        fn = getattr(MODEL_OPS, name)
+        return lambda *args: calls.append(name) or fn(*args)
+
+    counted = {name: counting(name) for name in ("rms_norm", "apply_rope", "swiglu")}
+    model.use_ops(dataclasses.replace(MODEL_OPS, **counted))  # torch, counted
+    try:
         assert greedy_tokens(llm) == with_c
-    llm.loaded.model.use_c_kernels(True)
-    calls = []
-    real = cpu_ops.rms_norm
-    monkeypatch.setattr(cpu_ops, "rms_norm", lambda *args: calls.append(1) or real(*args))
-    greedy_tokens(llm)
-    assert calls
+    finally:
+        model.use_ops(C_KERNEL_OPS_VALUE)
+    assert set(calls) == set(counted)  # every op the layers call came from the ops given
+    # two norms a layer and the final one, in every forward
+    assert calls.count("rms_norm") % (2 * model.config.num_layers + 1) == 0
 
 
 # --- how OpenMP threads wait ----------------------------------------------------------------

@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 
 from minserve.llm import LLM
+from minserve.loader import load_model
 from minserve.model.fused_projections import concat_linears
-from minserve.model.loader import load_model
 from minserve.sampling_params import SamplingParams
 
 

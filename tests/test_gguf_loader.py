@@ -11,7 +11,12 @@ from safetensors.torch import load_file
 from tiny_models import write_llama_gguf
 
 from minserve import LLM, SamplingParams
-from minserve.model.gguf_loader import config_from_gguf, open_gguf, weights_from_gguf
+from minserve.model.gguf_loader import (
+    config_from_gguf,
+    open_gguf,
+    quantized_blocks,
+    weights_from_gguf,
+)
 
 # Worst-case dequantization error as a fraction of each row's largest |weight|.
 ERROR_BOUND = {Q.F32: 0.0, Q.F16: 1e-3, Q.Q8_0: 1 / 127, Q.Q4_0: 1 / 7, Q.Q4_1: 1 / 12}
@@ -67,3 +72,21 @@ def test_quantized_model_greedy_matches_transformers(gguf_files) -> None:
     )
     assert out[0].prompt_token_ids == ids[0].tolist()
     assert out[0].outputs[0].token_ids == expected[0, ids.shape[1] :].tolist()
+
+
+def test_blocks_served_as_stored_live_on_the_models_device(smollm_gguf: Path) -> None:
+    """quantization="gguf" on a GPU: the embedding indexes its blocks with the step's ids
+    on the model's device, so the blocks must be there (`meta` stands in for the GPU)."""
+    from minserve.loader import build_model
+    from minserve.model.quantized_linear import QUANTS
+
+    reader = open_gguf(smollm_gguf)
+    config = config_from_gguf(reader)
+    meta = torch.device("meta")
+    found = quantized_blocks(reader, config, QUANTS, meta)
+    assert found and {blocks.device for _, blocks in found.values()} == {meta}
+    net = build_model(config, weights_from_gguf(reader, config), torch.float32, meta,
+                      quantized=found)  # fmt: skip
+    assert {t.device for t in net.state_dict().values()} == {meta}
+    hidden = net.model.embed_tokens(torch.tensor([1, 2, 3], device=meta))  # [3, hidden]
+    assert hidden.device == meta and hidden.shape == (3, config.hidden_size)

@@ -53,3 +53,24 @@ def test_stages_past_the_budget_are_skipped(tmp_path: Path) -> None:
 def test_unknown_stage_names_are_rejected() -> None:
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--output", "x", "--stages", "kernels,warp"])
+
+
+def test_python_m_dry_run_validates_every_feature_check(tmp_path: Path) -> None:
+    """`python -m benchmarks.gpu_check --dry-run`: each GPU check's configuration built and
+    validated on the CPU, the tiny model's greedy tokens equal transformers', exit 0."""
+    import subprocess
+    import sys
+
+    from benchmarks.gpu_check_features import CHECKS
+
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--stages", "features",
+         "--output", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (stage,) = json.loads((tmp_path / "gpu_check.json").read_text())["stages"]
+    assert stage["status"] == "passed", stage
+    checks = [row["check"] for row in stage["rows"]]
+    assert checks == [*CHECKS, "tiny parity on the CPU"]
+    assert stage["rows"][-1]["first_mismatch"] is None

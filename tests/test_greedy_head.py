@@ -1,4 +1,4 @@
-"""The bfloat16 screen of the output head (`model/greedy_head.py`, `kernels/bf16_head.c`):
+"""The bfloat16 screen of the output head (`platforms/cpu/greedy_head.py`, `kernels/bf16_head.c`):
 its logits against torch's, its candidates against a torch rewrite of the rule, and its
 tokens against the fp32 argmax, near-ties and exact ties included; then the engine."""
 
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from minserve.kernels import cpu_ops
 from minserve.llm import LLM
-from minserve.model.greedy_head import SCREEN_MAX_ROWS, GreedyScreen, screens
 from minserve.model.sampler import SamplingRow, is_plain_greedy
+from minserve.platforms.cpu.greedy_head import SCREEN_MAX_ROWS, GreedyScreen, screens
 from minserve.sampling_params import SamplingParams
 
 GEN = torch.Generator().manual_seed(0)
@@ -71,12 +71,10 @@ def test_near_ties_are_settled_in_fp32_and_exact_ties_go_to_the_lowest_id() -> N
     assert screen.tokens(x[:1]).item() == min(7, top) == F.linear(x[:1], weight).argmax().item()
 
 
-def test_the_screen_applies_to_few_fp32_cpu_rows() -> None:
-    screen = GreedyScreen(randn(100, 16))
-    assert screens(screen, randn(1, 16)) and screens(screen, randn(SCREEN_MAX_ROWS, 16))
-    assert not screens(screen, randn(SCREEN_MAX_ROWS + 1, 16))
-    assert not screens(None, randn(1, 16)) and not screens(screen, randn(0, 16))
-    assert not screens(screen, randn(1, 16).double())
+def test_the_screen_applies_to_few_fp32_rows() -> None:
+    assert screens(randn(1, 16)) and screens(randn(SCREEN_MAX_ROWS, 16))
+    assert not screens(randn(SCREEN_MAX_ROWS + 1, 16)) and not screens(randn(0, 16))
+    assert not screens(randn(1, 16).double())
 
 
 def row(**params) -> SamplingRow:
@@ -95,34 +93,30 @@ def test_plain_greedy_rows_are_the_ones_the_sampler_answers_with_argmax() -> Non
 
 def test_the_engine_gives_the_same_tokens_with_and_without_the_screen(tiny_model) -> None:
     llm = LLM(tiny_model("llama"))
-    model = llm.engine.worker.model
-    assert isinstance(model.greedy_screen, GreedyScreen)  # attached at load on a CPU
+    runner = llm.engine.worker.runner
+    assert isinstance(runner.screen, GreedyScreen)  # the CPU platform's runner has one
     calls = []
-    tokens = model.greedy_screen.tokens
-    model.greedy_screen.tokens = lambda hidden: calls.append(len(hidden)) or tokens(hidden)
+    tokens = runner.screen.tokens
+    runner.screen.tokens = lambda hidden: calls.append(len(hidden)) or tokens(hidden)
     prompts = [{"prompt_token_ids": list(range(5 + i, 40 + 3 * i))} for i in range(SCREEN_MAX_ROWS)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     screened = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert calls and max(calls) <= SCREEN_MAX_ROWS
-    model.greedy_screen = None
+    runner.screen = None
     dense = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert screened == dense
 
 
-def test_the_models_c_kernel_switch_turns_the_screen_off(tiny_model) -> None:
-    llm = LLM(tiny_model("llama"))
-    model = llm.engine.worker.model
-    calls = []
-    tokens = model.greedy_screen.tokens
-    model.greedy_screen.tokens = lambda hidden: calls.append(len(hidden)) or tokens(hidden)
+def test_with_the_c_kernels_off_there_is_no_screen(tiny_model, monkeypatch) -> None:
     prompt = [{"prompt_token_ids": list(range(5, 40))}]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    model.use_c_kernels(False)  # the torch code everywhere: the fp32 head's argmax
-    dense = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
-    assert calls == []
-    model.use_c_kernels(True)
-    assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == dense
-    assert calls
+    screened = LLM(tiny_model("llama"))
+    monkeypatch.setenv("MINSERVE_C_KERNELS", "0")  # torch everywhere: the fp32 head's argmax
+    dense = LLM(tiny_model("llama"))
+    assert dense.engine.worker.runner.screen is None
+    assert "greedy_screen=off" in dense.get_execution_config().summary()
+    expected = dense.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert screened.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == expected
 
 
 def test_rows_that_want_logprobs_still_get_them_from_full_logits(tiny_model) -> None:

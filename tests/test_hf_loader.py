@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from minserve.loader import load_model
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
-from minserve.model.loader import load_model
 
 
 def test_sharded_checkpoint_loads_the_same_weights(tiny_model, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@
       -> the state plane and attention (kvcache, attention)
       -> the execution config (which paths run here)
       -> the model
+      -> the platforms (each device's speed) and the loader (a model on its platform)
       -> what runs on it (request, speculative, output_processor)
       -> scheduler, worker
       -> engine
@@ -32,6 +33,7 @@ LAYERS: list[set[str]] = [
     {"kvcache", "attention"},
     {"execution"},
     {"model"},
+    {"platforms", "loader"},
     {"request", "speculative", "output_processor"},
     {"scheduler", "worker"},
     {"engine", "engine_client", "engine_metrics", "reference"},
@@ -141,3 +143,13 @@ def test_the_checker_sees_upward_imports_and_cycles() -> None:
     assert runtime_imports(tree) == ["minserve.server.app"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+# the words of the CPU's speed machinery, which the model file never names
+PLATFORM_WORDS = ("cpu_ops", "c_kernels", "fused_decode", "greedy_screen", "hasattr", "is_cuda")
+
+
+def test_the_model_file_names_no_platform_machinery() -> None:
+    """A layer calls its ops; which ops, and which kernels, the platform decided at load."""
+    source = (PACKAGE / "model" / "llama.py").read_text()
+    assert [word for word in PLATFORM_WORDS if word in source] == []

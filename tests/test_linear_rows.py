@@ -2,18 +2,22 @@
 exactly (fp64), over every remainder it handles: rows of x in groups of four and the 3, 2,
 1 left, weight rows in blocks of four and the rest, inputs with no whole 16-float vector at
 the end; with and without a bias; bfloat16 weights (read as their bits, summed in fp32)
-against the same sums; then a model's greedy tokens with it on and off, in both dtypes."""
+against the same sums; then a model with it on and off: fp32's greedy tokens, and bfloat16's
+log-probabilities along one greedy path."""
 
 from __future__ import annotations
+
+from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
+from teacher_forced import PROMPTS, assert_paths_agree
 
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
 from minserve.llm import LLM
-from minserve.model.packed_linear import PackedLinear
+from minserve.platforms.cpu.packed_linear import PackedLinear
 from minserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="the C kernels could not be built")
@@ -81,18 +85,25 @@ def test_bfloat16_agrees_with_torchs_bfloat16_linear_to_one_rounding() -> None:
     assert ((got - want).abs() <= ulp + order).all()
 
 
-def test_bfloat16_weights_are_streamed_for_a_bfloat16_model() -> None:
-    llm = LLM(dtype="bfloat16", max_num_seqs=2)
-    linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
+def test_a_bfloat16_model_scores_one_greedy_path_alike_on_the_kernel_and_on_onednn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The few-row kernel streams a bfloat16 model's weights (panels kept out, as on a CPU
+    without AVX512-BF16). Teacher-forced along its greedy path, every token's
+    log-probability is oneDNN's within bfloat16's rounding (`teacher_forced.py`): the
+    same products in another order, so the tokens may part at a near tie."""
+
+    def load(kernel_rows: str) -> LLM:
+        monkeypatch.setenv("MINSERVE_KERNEL_ROWS", kernel_rows)
+        with mock.patch.object(cpu_ops, "panels_apply", lambda weight: False):
+            return LLM(dtype="bfloat16", max_num_seqs=2)
+
+    rows, onednn = load("16"), load("0")
+    linears = [m for m in rows.loaded.model.modules() if isinstance(m, PackedLinear)]
     assert linears and all(cpu_ops.linear_applies(m._weight, m._weight) for m in linears)
-    params = SamplingParams(temperature=0.0, max_tokens=16)
-    for m in linears:
-        m.kernel_rows = 16
-    on = llm.generate(["The capital of France is"], params)[0].outputs[0].token_ids
-    for m in linears:
-        m.kernel_rows = 0
-    off = llm.generate(["The capital of France is"], params)[0].outputs[0].token_ids
-    assert on == off  # the same bf16 products in another order: the same greedy tokens here
+    assert "linear_rows=16" in rows.get_execution_config().summary()
+    assert "linear_rows=off" in onednn.get_execution_config().summary()
+    assert_paths_agree(rows, onednn, max_tokens=16, prompts=PROMPTS[:1])
 
 
 def test_greedy_tokens_are_the_same_with_the_kernel_on_and_off() -> None:
@@ -100,15 +111,15 @@ def test_greedy_tokens_are_the_same_with_the_kernel_on_and_off() -> None:
     linears = [m for m in llm.loaded.model.modules() if isinstance(m, PackedLinear)]
     prompts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a"]
     params = SamplingParams(temperature=0.0, max_tokens=24)
-    saved = [m.kernel_rows for m in linears]
+    saved = [m.plan for m in linears]
 
     def tokens(kernel_rows: int) -> list[list[int]]:
         for m in linears:
-            m.kernel_rows = kernel_rows
+            m.use_rows_kernel(kernel_rows)
         return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
     try:
         assert tokens(16) == tokens(0)  # every decode step on the kernel, then on oneDNN
     finally:
-        for m, rows in zip(linears, saved):
-            m.kernel_rows = rows
+        for m, plan in zip(linears, saved):
+            m.plan = plan

@@ -13,7 +13,7 @@ import torch
 
 from minserve import LLM, SamplingParams
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
-from minserve.model.loader import load_model
+from minserve.loader import load_model
 
 LOGIT_ATOL = 1e-4  # fp32; the bundled model's logits reach about 30 in magnitude
 PROMPTS = [

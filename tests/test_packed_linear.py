@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from minserve.kernels.onednn import can_prepack
 from minserve.llm import LLM
-from minserve.model.loader import load_model
-from minserve.model.packed_linear import PackedLinear, padded_rows, prepack_linears
+from minserve.loader import load_model
+from minserve.platforms.cpu.packed_linear import PackedLinear, padded_rows, prepack_linears
 from minserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(

@@ -462,3 +462,22 @@ def test_chunked_paged_run_of_tiny_llama_matches_contiguous_logits() -> None:
     for seq, prompt in enumerate(prompts):
         expected = contiguous_logits(model, prompt)
         torch.testing.assert_close(torch.cat(logits[seq]), expected, atol=1e-5, rtol=0)
+
+
+def test_one_selector_chooses_by_device_codec_and_plug_ins() -> None:
+    from minserve.attention.backends import choose_attention
+    from minserve.attention.per_sequence import PerSequenceAttention
+
+    assert choose_attention("auto", "cpu", c_kernels=True).name == "cpu"
+    assert choose_attention("auto", "cpu", c_kernels=False).name == "torch"
+    assert choose_attention("auto", "cuda", c_kernels=False).name == "triton"
+    # a kv_codec is called by the torch backend only: "auto" goes there on any device
+    assert choose_attention("auto", "cuda", kv_cache_dtype="int8", kv_codec=True).name == "torch"
+    student = choose_attention(attend=lambda *args: None)
+    assert student.name == "per-sequence" and student.backend.func is PerSequenceAttention
+    with pytest.raises(ValueError, match="'cpu' runs on cpu, not cuda"):
+        choose_attention("cpu", "cuda")
+    with pytest.raises(ValueError, match="give attention_backend or attend, not both"):
+        choose_attention("torch", attend=lambda *args: None)
+    with pytest.raises(ValueError, match="kv_cache_dtype='int4' is not served"):
+        choose_attention("torch", kv_cache_dtype="int4")

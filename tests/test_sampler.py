@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import minserve.model.sampler as sampler_module
-from minserve.kernels import cpu_ops
 from minserve.course.checks_ch00 import FILTER_CHECKS
+from minserve.kernels import cpu_ops
 from minserve.model.sampler import (
     Sampler,
     SamplingRow,
@@ -275,7 +275,7 @@ def test_the_c_draw_picks_the_torch_draws_token(vocab: int) -> None:
 def test_temperature_rows_go_to_the_c_draw_and_filtered_rows_do_not(monkeypatch) -> None:
     called: list[list[int]] = []
     real = cpu_ops.draw_rows
-    monkeypatch.setattr(cpu_ops, "draw_rows", lambda l, r, *a: called.append(r) or real(l, r, *a))
+    monkeypatch.setattr(cpu_ops, "draw_rows", lambda x, r, *a: called.append(r) or real(x, r, *a))
     plain = [_row(temperature=0.7, seed=i) for i in range(3)]
     Sampler()(_flat_logits(3), plain)
     Sampler()(_flat_logits(3), [*plain[:2], _row(temperature=0.7, top_p=0.9, seed=2)])

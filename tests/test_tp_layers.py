@@ -22,7 +22,7 @@ from minserve.distributed.layout import TensorParallelError, TPLayout
 from minserve.distributed.shard_model import build_shard, parameter_bytes
 from minserve.distributed.threads import run_on_threads
 from minserve.distributed.vocab import ParallelLMHead, VocabParallelEmbedding
-from minserve.model.loader import load_model
+from minserve.loader import load_model
 
 torch.manual_seed(0)
 X = torch.randn(5, 12)  # [T, in]

@@ -1,4 +1,4 @@
-"""The Triton quantized matrix product (`minserve/model/triton_quant.py`), run in Triton's
+"""The Triton quantized matrix product (`minserve.platforms.cuda.triton_quant.py`), run in Triton's
 interpreter (compiled on a CUDA machine), against the exact sums of the `gguf` package's
 dequantized weights."""
 
@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from minserve.attention.triton_env import interpreting
-from minserve.model.triton_quant import quant_matmul
+from minserve.platforms.cuda.triton_quant import quant_matmul
 
 DEVICE = "cpu" if interpreting() else "cuda"  # interpreted on a CPU, compiled on a GPU
 SHAPES = [(1, 37, 96), (19, 64, 64), (33, 5, 32)]  # rows of x, out features, in features

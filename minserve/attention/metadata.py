@@ -13,12 +13,14 @@ chunks, but a backend must be correct for any order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
 
-from minserve.kvcache.kv_format import Int8Format, KVFormat, stored_format
+from minserve.kvcache.kv_format import KVFormat, stored_format
 
 
 class PagedKVCache(Protocol):
@@ -40,18 +42,6 @@ def cache_format(kv: PagedKVCache) -> KVFormat:
     return held if isinstance(held, KVFormat) else stored_format(kv.k_cache(0).dtype)
 
 
-def kernel_format(kv: PagedKVCache, backend: str) -> KVFormat:
-    """`cache_format(kv)` for a backend whose int8 kernels hold minserve's arithmetic: a
-    pool given a `kv_codec` is refused, since those kernels would bypass it."""
-    fmt = cache_format(kv)
-    if isinstance(fmt, Int8Format) and fmt.codec is not None:
-        raise ValueError(
-            f"the {backend!r} attention backend's int8 kernels are minserve's own and would "
-            "bypass the kv_codec; run it with attention_backend='torch' (or 'auto')"
-        )
-    return fmt
-
-
 @dataclass(frozen=True)
 class AttentionMetadata:
     """Where a step's tokens go in the paged KV pool and what each sequence attends to."""
@@ -62,6 +52,22 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
     max_query_len: int
     max_context_len: int
+    # the same values as the host's ints, kept from `build` so that no backend reads the
+    # device back for them (a GPU would wait on the stream); empty where built otherwise
+    host_query_starts: tuple[int, ...] = ()
+    host_context_lens: tuple[int, ...] = ()
+
+    def query_starts_list(self) -> list[int]:
+        """query_start_loc as host ints: kept from the build, else read from the tensor."""
+        return list(self.host_query_starts) or self.query_start_loc.tolist()
+
+    def context_lens_list(self) -> list[int]:
+        """context_lens as host ints: kept from the build, else read from the tensor."""
+        return list(self.host_context_lens) or self.context_lens.tolist()
+
+    def query_lens_list(self) -> list[int]:
+        starts = self.query_starts_list()
+        return [b - a for a, b in zip(starts, starts[1:])]
 
     @property
     def num_seqs(self) -> int:
@@ -97,23 +103,28 @@ class AttentionMetadata:
         block_tables: list[list[int]],
         slot_mapping: list[int],
         device: torch.device | str = "cpu",
+        to_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> AttentionMetadata:
-        """Pack per-sequence Python lists into device tensors, after checking they agree."""
+        """Pack per-sequence Python lists into device tensors, after checking they agree.
+        `to_device` moves each host tensor (a runner's staged copy); else built on `device`."""
         _check_lists(query_lens, context_lens, block_tables, slot_mapping)
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
         max_blocks = max((len(t) for t in block_tables), default=0)
         padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
+        move = to_device or partial(torch.Tensor.to, device=device)
         return cls(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),  # [T]
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=device).view(
-                len(padded), max_blocks
+            slot_mapping=move(torch.tensor(slot_mapping, dtype=torch.int64)),  # [T]
+            query_start_loc=move(torch.tensor(starts, dtype=torch.int32)),
+            context_lens=move(torch.tensor(context_lens, dtype=torch.int32)),
+            block_tables=move(
+                torch.tensor(padded, dtype=torch.int32).view(len(padded), max_blocks)
             ),  # [num_seqs, max_blocks]
             max_query_len=max(query_lens, default=0),
             max_context_len=max(context_lens, default=0),
+            host_query_starts=tuple(starts),
+            host_context_lens=tuple(context_lens),
         )
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from minserve.attention.metadata import AttentionMetadata, PagedKVCache, kernel_format
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache, cache_format
 from minserve.attention.paged_plan import AttentionGroup, check_tables, plan_step
 from minserve.attention.paged_torch import attend_groups, paged_store_reference
 from minserve.kernels.build import cpu_kernels
@@ -48,7 +48,7 @@ class CpuPagedAttention:
         cache = kv.k_cache(0)
         check_tables(metadata, cache.shape[1])
         self.lib = cpu_kernels() if uses_kernels(cache) else None
-        self.format = kernel_format(kv, "cpu")
+        self.format = cache_format(kv)
         self.dtype = attention_dtype(cache.dtype)
         self.groups: list[AttentionGroup] = []  # the torch path's plan (no C library)
         if self.lib is None:
@@ -57,7 +57,7 @@ class CpuPagedAttention:
         lens, starts = metadata.query_lens.long(), metadata.query_start_loc.long()
         first_chunk = metadata.context_lens.long() == lens  # [num_seqs]: nothing cached before
         flash = first_chunk & (lens >= FLASH_FROM.get(self.dtype, min(FLASH_FROM.values())))
-        first = metadata.query_start_loc.tolist()
+        first = metadata.query_starts_list()
         self.flash = [slice(first[i], first[i + 1]) for i in flash.nonzero().flatten().tolist()]
         # every other row is one query of the kernel: its sequence's block table and its own
         # context, its position + 1 (a decode's is the sequence's)

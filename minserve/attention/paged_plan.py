@@ -66,8 +66,8 @@ class StepLayout:
     def read(cls, metadata: AttentionMetadata, block_size: int) -> StepLayout:
         check_tables(metadata, block_size)
         return cls(
-            metadata.query_start_loc.tolist(),
-            metadata.context_lens.tolist(),
+            metadata.query_starts_list(),
+            metadata.context_lens_list(),
             metadata.block_tables.long(),
             block_size,
         )

@@ -20,7 +20,7 @@ from minserve.attention.paged_torch import flat_slots, paged_store_reference
 def context_slots(metadata: AttentionMetadata, block_size: int) -> list[torch.Tensor]:
     """Per sequence, the pool slots of its tokens 0..context_len-1, in order: [context_len]."""
     slots = []
-    for table, context_len in zip(metadata.block_tables, metadata.context_lens.tolist()):
+    for table, context_len in zip(metadata.block_tables, metadata.context_lens_list()):
         positions = torch.arange(context_len, device=table.device)
         blocks = table.long()[positions // block_size]  # [context_len]
         slots.append(blocks * block_size + positions % block_size)
@@ -36,7 +36,7 @@ class PerSequenceAttention:
         self.attend = attend
         self.format = cache_format(kv)  # the pool's own: a kv_codec's arithmetic included
         self.slots = context_slots(metadata, kv.k_cache(0).shape[1])
-        self.starts = metadata.query_start_loc.tolist()  # [num_seqs + 1]
+        self.starts = metadata.query_starts_list()  # [num_seqs + 1]
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minserve.attention.metadata import AttentionMetadata, PagedKVCache, kernel_format
+from minserve.attention.metadata import AttentionMetadata, PagedKVCache, cache_format
 from minserve.attention.paged_plan import AttentionGroup, StepLayout, chunk_groups
 from minserve.attention.paged_torch import attend_groups
 from minserve.attention.triton_decode import DecodeKernels, paged_decode
@@ -40,21 +40,21 @@ class SeqSubset:
 
     @classmethod
     def select(cls, metadata: AttentionMetadata, seqs: list[int]) -> SeqSubset | None:
-        """The subset made of sequences `seqs`, or None when there are none."""
+        """The subset made of sequences `seqs`, or None when there are none (its maxima
+        from the host's values: no read of the device)."""
         if not seqs:
             return None
         device = metadata.context_lens.device
-        index = torch.tensor(seqs, dtype=torch.int64, device=device)
-        query_lens = metadata.query_lens[index]
-        context_lens = metadata.context_lens[index]
+        index = torch.tensor(seqs, dtype=torch.int64).to(device, non_blocking=True)
+        query_lens, context_lens = metadata.query_lens_list(), metadata.context_lens_list()
         return cls(
             seqs=index,
             query_starts=metadata.query_start_loc[index].contiguous(),
-            query_lens=query_lens.contiguous(),
-            context_lens=context_lens.contiguous(),
+            query_lens=metadata.query_lens[index].contiguous(),
+            context_lens=metadata.context_lens[index].contiguous(),
             block_tables=metadata.block_tables[index].contiguous(),
-            max_query_len=int(query_lens.max()),
-            max_context_len=int(context_lens.max()),
+            max_query_len=max(query_lens[i] for i in seqs),
+            max_context_len=max(context_lens[i] for i in seqs),
         )
 
 
@@ -73,7 +73,7 @@ class TritonPagedAttention:
         self.decode_kernels = decode_kernels or DecodeKernels()
         self.metadata = metadata
         self.scale = scale
-        query_lens = metadata.query_lens.tolist()
+        query_lens = metadata.query_lens_list()
         self.decodes = SeqSubset.select(metadata, [i for i, n in enumerate(query_lens) if n == 1])
         self.chunks = SeqSubset.select(metadata, [i for i, n in enumerate(query_lens) if n > 1])
         # decodes are the step's first rows in the engine's order: then a slice, not a gather
@@ -83,7 +83,7 @@ class TritonPagedAttention:
             slice(0, num_decodes) if first or self.decodes is None else self.decodes.query_starts
         )
         cache = kv.k_cache(0)
-        self.format = kernel_format(kv, "triton")
+        self.format = cache_format(kv)
         self.groups: list[AttentionGroup] = []  # an 8-bit pool's chunks, run in torch
         if self.format.quantized and self.chunks is not None:
             self.groups = chunk_groups(StepLayout.read(metadata, cache.shape[1]), torch.float32)

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a CPU)
-from minserve.attention.triton_env import dot_precision
+from minserve.attention.triton_env import compile_for_any, dot_precision
 from minserve.attention.triton_prefill import paged_prefill_kernel
 from minserve.attention.triton_store import paged_store_kernel
 
@@ -171,6 +171,16 @@ def combine_splits_kernel(
 # <<< exercise
 
 
+# Integers that change from step to step compile no new variant (the warm-up's promise).
+paged_decode_kernel = compile_for_any(
+    paged_decode_kernel, "stride_qs", "stride_bs", "stride_os", "stride_oh", "stride_ls",
+    "stride_lh",
+)  # fmt: skip
+combine_splits_kernel = compile_for_any(
+    combine_splits_kernel, "stride_ps", "stride_ph", "stride_ls", "stride_lh", "num_splits"
+)
+
+
 @dataclass(frozen=True)
 class DecodeKernels:
     """The kernels of the Triton backend's steps: the two `paged_decode` launches, the store
@@ -207,6 +217,29 @@ def choose_num_splits(
     return max(1, min(wanted, max_context_len // MIN_TOKENS_PER_SPLIT, 64))
 
 
+def split_plan(
+    num_seqs: int,
+    num_kv_heads: int,
+    max_context_len: int,
+    device: torch.device,
+    num_splits: int | None = None,
+    block_n: int = 64,
+) -> tuple[int, int]:
+    """A decode step's (splits, context tokens per split): the chooser's count (or the one
+    given), then as many splits as whole tiles of `block_n` tokens need."""
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, device)
+    context = max(max_context_len, 1)
+    tokens_per_split = triton.cdiv(triton.cdiv(context, num_splits), block_n) * block_n
+    return triton.cdiv(context, tokens_per_split), tokens_per_split
+
+
+def decode_variant(num_splits: int) -> int:
+    """What a decode step with `num_splits` compiles, as one number: 1 for one pass (its
+    output in the query's dtype), else the combine's BLOCK_SPLITS (fp32 parts, combined)."""
+    return 1 if num_splits == 1 else triton.next_power_of_2(num_splits)
+
+
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -228,11 +261,9 @@ def paged_decode(
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     _check_decode_inputs(q, k_cache, v_cache, block_tables, context_lens)
-    if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, q.device)
-    tokens_per_split = triton.cdiv(triton.cdiv(max(max_context_len, 1), num_splits), block_n)
-    tokens_per_split *= block_n
-    num_splits = triton.cdiv(max(max_context_len, 1), tokens_per_split)
+    num_splits, tokens_per_split = split_plan(
+        num_seqs, num_kv_heads, max_context_len, q.device, num_splits, block_n
+    )
     out = q.new_empty(q.shape)  # [S, Hq, D], contiguous whatever q's strides
     if num_splits == 1:  # the kernel's output is final: write it in place
         parts = out.view(num_seqs, num_heads, 1, head_dim)
@@ -268,7 +299,7 @@ def combine_splits(
     kernel[(num_seqs, num_heads)](
         parts, lse, out, *parts.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
         num_splits, head_dim,
-        BLOCK_SPLITS=triton.next_power_of_2(num_splits),
+        BLOCK_SPLITS=decode_variant(num_splits),
         BLOCK_D=triton.next_power_of_2(head_dim),
     )  # fmt: skip
     return out

@@ -9,9 +9,11 @@ module first; on a machine without CUDA it sets the variable unless someone alre
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import warnings
+from typing import Any
 
 import torch
 
@@ -53,3 +55,19 @@ use_interpreter_without_gpu()
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot's input precision: exact fp32 for fp32 data; tf32 holds bf16/fp16 exactly."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def compile_for_any(kernel: Any, *varying: str) -> Any:
+    """`kernel` compiled once whatever the values of its integer arguments `varying`.
+
+    Triton specialises an integer argument on whether it is 1 or a multiple of 16, so one
+    that changes from step to step (a block table's row stride, a split count) would
+    compile a new variant inside a request; `do_not_specialize` makes one serve them all.
+    """
+    import triton
+
+    names = inspect.signature(kernel.fn).parameters
+    unknown = [name for name in varying if name not in names]
+    if unknown:
+        raise ValueError(f"{kernel.fn.__name__} has no argument(s) {', '.join(unknown)}")
+    return triton.jit(kernel.fn, do_not_specialize=list(varying))

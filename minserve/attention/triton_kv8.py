@@ -62,7 +62,7 @@ def row_scales(cache_ptr, rows, valid, head_dim, FORMAT: tl.constexpr):
         return tl.full(rows.shape, 1.0, dtype=tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_qs", "stride_bs"])  # they change per step
 def kv8_decode_kernel(
     q_ptr,  # [S, Hq, D]: each sequence's one query token
     k_cache_ptr,  # [num_blocks, block_size, Hkv, row] uint8 (the pool's bytes)

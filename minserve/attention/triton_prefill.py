@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a CPU)
-from minserve.attention.triton_env import dot_precision
+from minserve.attention.triton_env import compile_for_any, dot_precision
 
 
 # >>> exercise 2.6: the paged prefill kernel (causal, over the cached prefix)
@@ -113,6 +113,10 @@ def paged_prefill_kernel(
 
 
 # <<< exercise
+
+
+# a step's block table width changes from step to step: one compiled variant serves all
+paged_prefill_kernel = compile_for_any(paged_prefill_kernel, "stride_bs")
 
 
 def paged_prefill(

@@ -17,7 +17,7 @@ import argparse
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +89,6 @@ class OfflineResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 2)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> OfflineResult:
-        """Read back `to_dict()` or a report row, skipping derived keys (tokens_per_s, ratios)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 # ---------------------------------------------------------------- minserve

@@ -28,7 +28,7 @@ from minserve.bench.serve_workloads import WORKLOADS, Session, WorkloadSpec, bui
 from minserve.router.policy import POLICIES, Policy
 
 if TYPE_CHECKING:
-    from minserve.model.loader import LoadedModel
+    from minserve.loader import LoadedModel
     from minserve.server.background import BackgroundServer
 
 

@@ -52,7 +52,7 @@ def _layer_index(name: str) -> int:
 def load_drafts(specs: list[ProposerSpec], target: Any, workdir: Path) -> dict[ProposerSpec, Any]:
     """The draft model each draft_model spec needs: the target itself when it names no layer
     count, else a truncated copy written under `workdir` and loaded from there."""
-    from minserve.model.loader import load_model
+    from minserve.loader import load_model
 
     drafts: dict[ProposerSpec, Any] = {}
     for spec in specs:

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
 from minserve.course.check import passes
 from minserve.course.checks_ch00_rope import ROPE_CHECKS
+from minserve.loader import build_model
 from minserve.model.hf_loader import config_from_hf
-from minserve.model.loader import build_model
 from minserve.model.ops import ModelOps
 
 # float32 agrees to float noise; bfloat16 has 8 bits of mantissa (relative error ~0.4%)

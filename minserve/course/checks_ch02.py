@@ -134,6 +134,10 @@ def run_kernel(impl: ModuleType, case: DecodeCase, **options) -> torch.Tensor:
     return out.float().cpu()
 
 
+# tl.dot tiles: the interpreter takes 4 (short tests), the GPU compiler at least 16
+TILE = 4 if interpreting() else 16
+
+
 def kernel_device() -> torch.device:
     """Where Triton kernels run here: the CPU in the interpreter, else the GPU."""
     return torch.device("cpu") if interpreting() else torch.device("cuda")
@@ -258,20 +262,20 @@ def check_grouped_query_heads_share_their_kv_head(impl: ModuleType) -> None:
 def check_online_softmax_across_many_tiles(impl: ModuleType) -> None:
     """A 37-token context read 4 tokens at a time: the running max and sum carry over."""
     case = DecodeCase.random([37, 6])
-    assert_close(case, run_kernel(impl, case, block_n=4), "37 tokens in tiles of 4")
+    assert_close(case, run_kernel(impl, case, block_n=TILE), f"37 tokens in tiles of {TILE}")
 
 
 def check_large_scores_do_not_overflow(impl: ModuleType) -> None:
     """Scale 20: scores in the hundreds, whose exp overflows unless the max is subtracted."""
     case = DecodeCase.random([5, 13])
-    got = run_kernel(impl, case, scale=20.0, block_n=4)
+    got = run_kernel(impl, case, scale=20.0, block_n=TILE)
     assert_close(case, got, "softmax scale 20", scale=20.0)
 
 
 def check_split_k_respects_each_splits_range(impl: ModuleType) -> None:
     """Flash-decoding: 3 splits of 8 tokens (start..end); the short sequence's are empty."""
     case = DecodeCase.random([2, 21])
-    got = run_kernel(impl, case, num_splits=3, block_n=4)
+    got = run_kernel(impl, case, num_splits=3, block_n=TILE)
     assert_close(case, got, "3 splits of 8 tokens")
 
 
@@ -308,7 +312,7 @@ def check_combine_weighs_each_split_by_its_lse(impl: ModuleType) -> None:
 def check_split_k_decode_with_your_combine(impl: ModuleType) -> None:
     """Flash-decoding with your combine: contexts of 2 and 21 tokens in 3 splits of 8"""
     case = DecodeCase.random([2, 21])
-    got = run_kernel(impl, case, num_splits=3, block_n=4, combine=True)
+    got = run_kernel(impl, case, num_splits=3, block_n=TILE, combine=True)
     assert_close(case, got, "3 splits merged by your combine")
 
 
@@ -475,8 +479,8 @@ class PrefillCase:
 
 
 def run_prefill(
-    impl: ModuleType, case: PrefillCase, scale: float | None = None, block_m: int = 4,
-    block_n: int = 4,
+    impl: ModuleType, case: PrefillCase, scale: float | None = None, block_m: int = TILE,
+    block_n: int = TILE,
 ) -> torch.Tensor:  # fmt: skip
     """Launch the implementation's prefill kernel over every sequence: [T, Hq, D] on the CPU."""
     d, md = case.decode, case.decode.metadata

@@ -619,7 +619,7 @@ def _play_result(impl: ModuleType, case: ResultCase) -> None:
         if step > max(r[0] for r in case.requests) and not ours.has_unfinished:
             break
         out_ours, out_yours = ours.schedule(), yours.schedule()
-        expected = ours.update_from_output(out_ours, workers[0].run(out_ours))
+        expected = list(ours.update_from_output(out_ours, workers[0].run(out_ours)).new_tokens)
         got = impl.advance_sequences(yours, out_yours, workers[1].run(out_yours))
         if yours.drafts is not None:
             yours.drafts.release_finished()

@@ -25,6 +25,7 @@ from minserve.distributed.layout import TensorParallelError, TPLayout, check_div
 from minserve.distributed.threads import run_on_threads
 from minserve.distributed.vocab import vocab_block
 from minserve.model.llama import RotaryEmbedding, SelfAttention
+from minserve.model.ops import MODEL_OPS
 from minserve.model_config import ModelConfig
 
 W = torch.arange(1.0, 13.0).view(4, 3)  # [out 4, in 3]
@@ -183,7 +184,7 @@ def _dense_block(bias: bool) -> tuple[SelfAttention, torch.Tensor]:
 
 
 def _run_block(attn: Any, x: torch.Tensor) -> torch.Tensor:
-    rotation = RotaryEmbedding(attn.config)(torch.arange(x.shape[0]), x.dtype)
+    rotation = RotaryEmbedding(attn.config)(torch.arange(x.shape[0]), x.dtype, MODEL_OPS)
     with torch.inference_mode():
         return attn(x, rotation, causal_attention, 0)  # [T, hidden]
 

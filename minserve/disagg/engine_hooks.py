@@ -10,6 +10,7 @@ through the scheduler's methods (`detach`, `resume`): it stays the one writer of
 from __future__ import annotations
 
 from minserve.engine import LLMEngine
+from minserve.messages import SchedulerUpdate
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.sequence import Sequence
 
@@ -57,5 +58,6 @@ def add_prefilled(
     if seq.sample.finished:
         engine.abort_request(request_id)
         raise ValueError(f"request {request_id!r} already finished with its first token")
-    engine.output_processor.process([first])  # its text state; the prefill side showed it
+    # its text state; the prefill side showed it
+    engine.output_processor.process(SchedulerUpdate(new_tokens=(first,)))
     return seq

@@ -34,12 +34,11 @@ from minserve.distributed.worker import (
     READY,
     STARTED,
     TPSpec,
-    agree_num_blocks,
     spawned_worker,
     start_rank,
 )
 from minserve.kvcache.paged_pool import PagedKVPool
-from minserve.model.loader import LoadedModel
+from minserve.loader import LoadedModel
 from minserve.model.tokenizer import Tokenizer
 
 
@@ -67,12 +66,12 @@ class TensorParallelDriver:
         try:
             if not torchrun:
                 self._spawn(startup_timeout)
-            self.group, model, execution = start_rank(0, spec, source)
+            self.group, model, execution, platform = start_rank(0, spec, source)
         except BaseException as e:
             self.shutdown()
             raise self.failure(e) from e
         tokenizer = _tokenizer(source.path)
-        self.loaded = LoadedModel(source.path, model.config, model, tokenizer, execution)
+        self.loaded = LoadedModel(source.path, model.config, model, tokenizer, execution, platform)
 
     def _spawn(self, timeout: float) -> None:
         context = mp.get_context("spawn")
@@ -102,12 +101,12 @@ class TensorParallelDriver:
                 raise WorkerFailedError(got)
 
     def engine_parts(self, cache_config: CacheConfig) -> dict[str, object]:
-        """Agree on the pool size with the workers; the `LLMEngine` options for rank 0."""
+        """Wait for the workers' shards; the `LLMEngine` options for rank 0. The pool size
+        is agreed as the engine starts (every rank measures: `pool_size.py`); a byte
+        budget that holds no block is refused here, before anything waits on it."""
         model = self.loaded.model
-        dtype = next(model.parameters()).dtype
-        num_blocks = PagedKVPool.num_blocks_for(cache_config, model.config, dtype)
+        PagedKVPool.num_blocks_for(cache_config, model.config, next(model.parameters()).dtype)
         try:
-            agree_num_blocks(self.group, num_blocks)
             self._wait_for(READY, self._startup_timeout)
         except BaseException as e:
             self.shutdown()

@@ -123,6 +123,8 @@ def unpack(header: torch.Tensor, payload: torch.Tensor, device: torch.device) ->
         block_tables=tables.view(s, b).to(device, torch.int32),
         max_query_len=max_q,
         max_context_len=max_ctx,
+        host_query_starts=tuple(starts.tolist()),  # the payload is on the host
+        host_context_lens=tuple(ctx.tolist()),
     )
     inputs = ModelInputs(ids.to(device), pos.to(device), metadata, sample.to(device))
     return StepMessage(inputs, decode_ops(ops.tolist()))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 import os
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 
 import torch
@@ -22,6 +24,9 @@ from minserve.distributed.group import RankGroup, join_group, leave_group, this_
 from minserve.distributed.shard_model import build_shard
 from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.platforms import Platform, set_up_platform
+from minserve.worker.memory import measure_kv_cache_budget
+from minserve.worker.pool_size import MeasureBudget, agree_pool_blocks
 from minserve.worker.worker import Worker
 
 STARTED, READY = "started", "ready"
@@ -56,35 +61,34 @@ class RankState:
 
 def start_rank(
     rank: int, spec: TPSpec, source: CheckpointTensors | None = None
-) -> tuple[RankGroup, torch.nn.Module, ExecutionConfig]:
+) -> tuple[RankGroup, torch.nn.Module, ExecutionConfig, Platform]:
     """Join the group and load this rank's shard (rank 0 included); how it runs (shards
-    are not prepacked)."""
+    are not prepacked) and its platform."""
     device = this_rank_device(spec.device, rank)
     execution = resolve_execution(device, spec.dtype, spec.attention_backend, prepack=False)
     group = join_group(rank, spec.world_size, spec.init_method, device, spec.step_timeout)
     source = source or CheckpointTensors(spec.model)
     linear = importlib.import_module(spec.parallel_layers or "minserve.distributed.layers")
     model = build_shard(source, group.comm, execution.dtype, device, linear)
-    model.use_c_kernels(execution.c_kernels)
-    return group, model, execution
+    execution, platform = set_up_platform(model, execution)
+    return group, model, execution, platform
 
 
-def agree_num_blocks(group: RankGroup, num_blocks: int) -> int:
-    """Rank 0's pool size, on every rank (a sum where only rank 0 contributes)."""
-    count = torch.tensor([num_blocks if group.rank == 0 else 0], dtype=torch.int64)
-    torch.distributed.all_reduce(count, group=group.control)
-    return int(count.item())
-
-
-def build_worker(rank: int, spec: TPSpec) -> RankState:
-    """A rank's shard and its worker, with a KV pool of rank 0's size."""
-    group, model, execution = start_rank(rank, spec)
+def build_worker(
+    rank: int,
+    spec: TPSpec,
+    on_loaded: Callable[[], object] = lambda: None,
+    measure: MeasureBudget = measure_kv_cache_budget,
+) -> RankState:
+    """A rank's shard and its worker; `on_loaded` runs once the shard is loaded, then the
+    KV pool takes the size every rank agrees on (each measures its own: `pool_size.py`)."""
+    group, model, execution, platform = start_rank(rank, spec)
+    on_loaded()  # rank 0 may start its engine, which sizes the pools with us
+    num_blocks = agree_pool_blocks(group.control, None, model, measure)
     param = next(model.parameters())
-    pool = PagedKVPool(
-        model.config, agree_num_blocks(group, 0), spec.block_size, param.dtype, param.device
-    )
+    pool = PagedKVPool(model.config, num_blocks, spec.block_size, param.dtype, param.device)
     backend = get_attention_backend(execution.attention)
-    return RankState(group, Worker(model, pool, backend))
+    return RankState(group, Worker(platform.runner(model, pool, backend)))
 
 
 def serve_steps(state: RankState) -> None:
@@ -99,9 +103,7 @@ def spawned_worker(rank: int, spec: TPSpec, status: Connection) -> None:
     torch.set_num_threads(spec.num_threads or max(1, (os.cpu_count() or 1) // spec.world_size))
     try:
         status.send(STARTED)
-        state = build_worker(rank, spec)
-        status.send(READY)
-        serve_steps(state)
+        serve_steps(build_worker(rank, spec, on_loaded=partial(status.send, READY)))
     except BaseException:
         status.send(f"rank {rank} failed:\n{traceback.format_exc()}")
         raise SystemExit(1) from None

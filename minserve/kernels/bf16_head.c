@@ -1,4 +1,4 @@
-/* The output head's screening pass for exact greedy decoding (`model/greedy_head.py`).
+/* The output head's screening pass for exact greedy decoding (`platforms/cpu/greedy_head.py`).
  *
  * out[b, r] = sum_h float(w[r, h]) * x[b, h], where w is the head's weight rounded to
  * bfloat16 [rows, hidden] and x is fp32 [batch, hidden]. A decode step is memory-bound and

@@ -1,12 +1,12 @@
 """The decoder layer's small ops through the C kernels (`layer_ops.c`), where they apply:
 fp32 or bfloat16 tensors, each op's inputs of one dtype.
 
-`llama.py` asks `applies(...)` and otherwise runs its own torch code, which is the
-reference these are tested against (`tests/test_cpu_kernels.py`). They apply to CPU tensors
-outside autograd (the kernels have no backward) once the library has been built, in layers
-whose `c_kernels` switch is on (set at load from the execution config,
-`minserve/execution.py`; `CausalLM.use_c_kernels` flips it to compare). A bfloat16 tensor
-is read widened to fp32, computed on in fp32 and rounded once on the way out.
+The CPU platform decides at load whether the layers compute with these
+(`platforms/cpu/ops.py`, `platforms/cpu/linears.py`); the torch code of `model/` is the
+reference they are tested against (`tests/test_cpu_kernels.py`). They take CPU tensors
+outside autograd (the kernels have no backward) once the library has been built. A
+bfloat16 tensor is read widened to fp32, computed on in fp32 and rounded once on the way
+out.
 """
 
 from __future__ import annotations
@@ -147,9 +147,7 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     return panels.permute(0, 2, 1, 3).contiguous()  # [out / 16, in / 2, 16, 2]
 
 
-def linear_panels(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
+def linear_panels(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [N, in] bfloat16 . the packed weight (`pack_panels`) (+ bias [out]) -> [N, out]
     bfloat16: the fp32 sums of the products, each rounded once (`bf16_panels.c`)."""
     x = x.contiguous()  # [N, in]
@@ -260,7 +258,8 @@ def int8_rows(
             f"{QUANT_BLOCK} and x with as many features; got {weight.dtype}, x {tuple(x.shape)}"
         )
     scales = scales.to(torch.float32).contiguous()
-    return _rows_through(cpu_kernels().int8_rows, x, out_features, weight.contiguous(), scales, bias)
+    kernel = cpu_kernels().int8_rows
+    return _rows_through(kernel, x, out_features, weight.contiguous(), scales, bias)
 
 
 def _rows_through(

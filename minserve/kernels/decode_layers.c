@@ -1,4 +1,4 @@
-/* A decode step's decoder layers in one call (`model/fused_decode.py`).
+/* A decode step's decoder layers in one call (`platforms/cpu/fused_decode.py`).
  *
  * At batch 1 the arithmetic of SmolLM2's 30 layers takes about 10 ms, and walking them in
  * Python, some twenty calls a layer (norms, linears, RoPE, the KV store, attention, the
@@ -13,7 +13,7 @@
  *   x = x + a . Wo; h = rms_norm(x); x = x + silu(h . Wgate) * (h . Wup) . Wdown
  * Every tensor is fp32, or bfloat16 (`bf16`) rounded where torch rounds it: each kernel's
  * output, and each residual sum. The linears are whichever kernel the layer's module runs for
- * m rows (`Linear.kind`, filled in by `model/fused_decode.py`); the pool is in the model's
+ * m rows (`Linear.kind`, filled in by `platforms/cpu/fused_decode.py`); the pool is in the model's
  * dtype or int8 (`kv_int8`). Returns 0, -1 without memory, or a kernel's error.
  */
 

@@ -2,9 +2,9 @@
 
 Three structs mirror the C ones: `CLinear` (which kernel a linear layer runs, and what it
 reads), `CLayer` (a layer's norms, four linears and KV pool) and `CStep` (the model's sizes
-and this step's rotation and attention metadata). `model/fused_decode.py` fills them from
-the model's modules (each linear says which kernel it runs, `KernelLinear`) and from the
-step's attention (`DecodeAttention`, given by `CpuPagedAttention.kernel_decode`).
+and this step's rotation and attention metadata). `platforms/cpu/fused_decode.py` fills them
+from the model's modules (each linear's plan says which kernel it runs, `KernelLinear`) and
+from the step's attention (`DecodeAttention`, given by `CpuPagedAttention.kernel_decode`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from minserve.kernels.build import cpu_kernels
+from minserve.kernels.linear_kernels import KernelLinear
 
 _ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -57,27 +58,16 @@ class CStep(ctypes.Structure):
     ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class KernelLinear:
-    """A linear layer as the C kernel its forward runs sees it: the kernel's name (a key of
-    LINEAR_KINDS) and the tensors it reads, each in the form and dtype that kernel takes."""
-
-    kind: str
-    weight: torch.Tensor  # row-major, panels, GGUF blocks or int8, as the kernel reads it
-    out_features: int
-    in_features: int
-    bias: torch.Tensor | None = None  # [out]
-    scales: torch.Tensor | None = None  # [out] fp32 ("int8 rows")
-
-    def struct(self) -> CLinear:
-        if self.kind not in LINEAR_KINDS:
-            raise ValueError(f"no C linear kernel {self.kind!r}; known: {', '.join(LINEAR_KINDS)}")
-        return CLinear(
-            LINEAR_KINDS[self.kind], self.weight.data_ptr(),
-            None if self.scales is None else self.scales.data_ptr(),
-            None if self.bias is None else self.bias.data_ptr(),
-            self.out_features, self.in_features,
-        )  # fmt: skip
+def c_linear(kernel: KernelLinear) -> CLinear:
+    """A linear layer's kernel (`linear_kernels.py`) as `decode_layers.c` reads it."""
+    if kernel.kind not in LINEAR_KINDS:
+        raise ValueError(f"no C linear kernel {kernel.kind!r}; known: {', '.join(LINEAR_KINDS)}")
+    return CLinear(
+        LINEAR_KINDS[kernel.kind], kernel.weight.data_ptr(),
+        None if kernel.scales is None else kernel.scales.data_ptr(),
+        None if kernel.bias is None else kernel.bias.data_ptr(),
+        kernel.out_features, kernel.in_features,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ _GLOBAL_NAMES = {
     "output": "lm_head",
 }
 
+CPU = torch.device("cpu")
+
 
 def open_gguf(path: Path) -> GGUFReader:
     """Open a GGUF file, turning a corrupt or truncated file into a clear error."""
@@ -138,21 +140,23 @@ def weights_from_gguf(reader: GGUFReader, config: ModelConfig) -> dict[str, torc
 
 
 def quantized_blocks(
-    reader: GGUFReader, config: ModelConfig, quants: tuple[str, ...]
+    reader: GGUFReader,
+    config: ModelConfig,
+    quants: tuple[str, ...],
+    device: torch.device = CPU,
 ) -> dict[str, tuple[str, torch.Tensor]]:
     """The file's matrices stored in one of `quants`, as they are stored: Hugging Face name ->
-    (format, blocks uint8 [rows, row bytes]), llama's q/k rows back in HF's layout (a row's
-    blocks move with it)."""
+    (format, blocks uint8 [rows, row bytes] on `device`, the model's: its embedding indexes
+    them with the step's token ids), llama's q/k rows back in HF's layout (a row's blocks
+    move with it)."""
     found = {}
     for tensor in reader.tensors:
         qtype = GGMLQuantizationType(tensor.tensor_type)
         if qtype.name not in quants or len(tensor.data.shape) != 2:
             continue
         blocks = np.array(tensor.data, dtype=np.uint8)  # [rows, row bytes], a copy
-        found[hf_name(tensor.name)] = (
-            qtype.name,
-            torch.from_numpy(_hf_rows(blocks, tensor.name, config)),
-        )
+        rows = torch.from_numpy(_hf_rows(blocks, tensor.name, config))
+        found[hf_name(tensor.name)] = (qtype.name, rows.to(device))
     return found
 
 

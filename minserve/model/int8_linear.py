@@ -6,9 +6,10 @@ so w_r ~ scale_r * q_r with an error of at most scale_r / 2 per weight. Activati
 in floating point; only the weights shrink (vLLM's and LMDeploy's "weight-only int8").
 `LLM(model=..., quantization="int8")` builds these from the loaded weights:
 
-- `Int8Linear`: a decode's few rows go through the C kernel that reads the int8 rows and
-  multiplies each output by its scale (`kernels/quant_rows.c`, `int8_rows`); more rows
-  (a prefill) widen the int8 weight for the call and scale the product's columns.
+- `Int8Linear`: widens the int8 weight for the call and scales the product's columns (the
+  reference, and a prefill's path); on a CPU the platform's plan sends a decode's few rows
+  to the C kernel that reads the int8 rows and multiplies each output by its scale
+  (`kernels/quant_rows.c`, `int8_rows`).
 - `Int8Embedding`: a lookup widens just the rows of the step's token ids. A tied head is
   the same int8 rows, read as a linear layer: one scale per vocabulary entry either way.
 """
@@ -19,13 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minserve.kernels import cpu_ops
-from minserve.kernels.build import cpu_kernels
-from minserve.kernels.cpu_ops import QUANT_BLOCK
-from minserve.kernels.decode_layers import KernelLinear
+from minserve.kernels.linear_kernels import NO_KERNELS, KernelLinear, LinearPlan
 from minserve.model.quantized_linear import matmul_dtype
 
-KERNEL_ROWS = 16  # up to this many rows the C kernel reads the int8 rows; more widen them once
 INT8_MAX = 127
 
 
@@ -52,7 +49,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scales", scales.float().contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
+        self.plan: LinearPlan = NO_KERNELS  # the platform's kernels (`platforms/cpu/linears.py`)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -62,36 +59,19 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [N, in]
         shape = (*x.shape[:-1], self.out_features)
-        if rows.shape[0] <= KERNEL_ROWS and self.kernel_applies(rows):
-            # [N, out] in x's dtype: scaled, the bias added in fp32, then rounded once
-            return cpu_ops.int8_rows(rows, self.qweight, self.scales, self.bias).view(shape)
-        # many rows: widen the integers once for this call (exact in bf16 too: at most 8
-        # bits), scale the columns after
+        kernel = self.kernel(rows.shape[0])
+        if kernel is not None:  # [N, out] in x's dtype: scaled, the bias added in fp32
+            return kernel(rows).view(shape)
+        # widen the integers once for this call (exact in bf16 too: at most 8 bits), scale
+        # the columns after
         dtype = matmul_dtype(x)
         out = F.linear(rows.to(dtype), self.qweight.to(dtype)).float() * self.scales
         out = out if self.bias is None else out + self.bias.float()
         return out.to(x.dtype).view(shape)
 
-    def kernel_applies(self, rows: torch.Tensor) -> bool:
-        """The C kernel reads whole 32-weight groups of a CPU tensor in fp32 or bf16."""
-        return (
-            self.c_kernels
-            and rows.is_cpu
-            and self.in_features % QUANT_BLOCK == 0
-            and cpu_kernels() is not None
-            and cpu_ops.applies(rows)
-        )
-
-    def kernel(self, num_rows: int, dtype: torch.dtype) -> KernelLinear | None:
-        """The C kernel `forward` runs on `num_rows` CPU rows of `dtype`, with what it reads
-        (`fused_decode.py` calls it from C); None where forward widens the weight in torch."""
-        if num_rows > KERNEL_ROWS or not self.c_kernels or dtype not in cpu_ops.KERNEL_DTYPES:
-            return None
-        if self.in_features % QUANT_BLOCK or cpu_kernels() is None:
-            return None
-        bias = None if self.bias is None else self.bias.detach().to(torch.float32).contiguous()
-        shape = (self.out_features, self.in_features)
-        return KernelLinear("int8 rows", self.qweight, *shape, bias, self.scales)
+    def kernel(self, num_rows: int) -> KernelLinear | None:
+        """The kernel `forward` runs on `num_rows` rows (the plan's; None: torch)."""
+        return self.plan.kernel(num_rows)
 
     def extra_repr(self) -> str:
         shape = f"in_features={self.in_features}, out_features={self.out_features}"

@@ -5,7 +5,9 @@ to end, each with its own position. Attention is the only place sequences intera
 is delegated to an `AttentionFn` built per step by whoever owns the KV cache (the
 contiguous reference path here, the paged engine later). Parameter names follow Hugging
 Face's, so checkpoints load by name. The math of RMSNorm, RoPE and SwiGLU is in `ops.py`,
-called through the model's `ModelOps` (`CausalLM.use_ops`).
+called through the model's `ModelOps` (`CausalLM.use_ops`): minserve's torch functions, a
+platform's kernels (`minserve/platforms/`) or a student's, values of one kind. The model
+never asks which device it runs on.
 """
 
 from __future__ import annotations
@@ -14,12 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from minserve.kernels import cpu_ops
-from minserve.model.fused_decode import FusedDecode
-from minserve.model.greedy_head import GreedyScreen, screens
 from minserve.model.ops import MODEL_OPS, ModelOps
 from minserve.model.rope import rope_inverse_frequencies
 from minserve.model_config import ModelConfig
@@ -42,15 +40,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
-        self.ops: ModelOps = MODEL_OPS  # `CausalLM.use_ops`
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.ops is MODEL_OPS and self.c_kernels and cpu_ops.applies(x, self.weight):
-            return cpu_ops.rms_norm(x, self.weight, self.eps)  # fp32 on a CPU: one C call
-        if self.ops is MODEL_OPS and x.dtype == torch.float32:  # the same math, one call
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return self.ops.rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -63,14 +55,12 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
-        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
-        self.ops: ModelOps = MODEL_OPS  # `CausalLM.use_ops`
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype, ops: ModelOps) -> Rotation:
         """positions [T] -> the step's rotation: cos and sin [T, 1, head_dim] each."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2]
         angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
-        return Rotation(angles.cos().to(dtype), angles.sin().to(dtype), self.c_kernels, self.ops)
+        return Rotation(angles.cos().to(dtype), angles.sin().to(dtype), ops)
 
 
 @dataclass(frozen=True)
@@ -79,13 +69,10 @@ class Rotation:
 
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor  # [T, 1, head_dim]
-    c_kernels: bool = True  # RotaryEmbedding's switch: RoPE in C where it applies
-    ops: ModelOps = MODEL_OPS
+    ops: ModelOps = MODEL_OPS  # the model's ops: whose `apply_rope` rotates
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, heads, head_dim] -> x rotated by each token's position."""
-        if self.ops is MODEL_OPS and self.c_kernels and cpu_ops.applies(x, self.cos):
-            return cpu_ops.rope(x, self.cos, self.sin)  # fp32 on a CPU: one C call
         return self.ops.apply_rope(x, self.cos, self.sin)
 
 
@@ -129,7 +116,7 @@ class SelfAttention(nn.Module):
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q, rotation.ops), self.k_norm(k, rotation.ops)
         return rotation.apply(q), rotation.apply(k), v
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -151,18 +138,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
         self.gate_up_proj: nn.Linear | None = None  # gate and up in one (`fused_projections.py`)
-        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
-        self.ops: ModelOps = MODEL_OPS  # `CausalLM.use_ops`
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        else:
-            gate_up = self.gate_up_proj(x)  # [T, 2 * inner]: gate, then up
-            if self.ops is MODEL_OPS and self.c_kernels and cpu_ops.applies(gate_up):
-                return self.down_proj(cpu_ops.silu_mul(gate_up))  # fp32 on a CPU: one C call
-            gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(self.ops.swiglu(gate, up))
+        else:  # [T, 2 * inner]: gate, then up, side by side
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(ops.swiglu(gate, up))
 
 
 class DecoderLayer(nn.Module):
@@ -178,8 +160,9 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, rotation: Rotation, attention: AttentionFn, layer: int
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotation, attention, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        ops = rotation.ops
+        x = x + self.self_attn(self.input_layernorm(x, ops), rotation, attention, layer)
+        return x + self.mlp(self.post_attention_layernorm(x, ops), ops)
 
 
 class DecoderBody(nn.Module):
@@ -203,36 +186,17 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.greedy_screen: GreedyScreen | None = None  # set by the loader on a CPU
-        self.fused_decode: FusedDecode | None = None  # set by the loader: decode layers in C
-        self.c_kernels = True  # the execution config's switch, for the screen
         self.ops: ModelOps = MODEL_OPS  # what the layers compute with (`use_ops`)
-
-    def use_c_kernels(self, on: bool) -> None:
-        """Switch the C kernels in every layer on (where they apply) or off (torch code
-        only). The loader sets it from the execution config; benchmarks flip it to compare."""
-        for module in self.modules():
-            if hasattr(module, "c_kernels"):
-                module.c_kernels = on
-        self.layers_changed()
-
-    def layers_changed(self) -> None:
-        """Called when a switch changes which kernels the layers run: the fused decode loop
-        builds its structs again."""
-        if self.fused_decode is not None:
-            self.fused_decode.clear()
+        # bumped whenever what the layers compute with changes (their ops, a quantized
+        # layer's codec): whatever caches a view of the layers keys on it
+        self.revision = 0
 
     def use_ops(self, ops: ModelOps) -> None:
-        """Compute RMSNorm, RoPE (its frequencies too) and SwiGLU with `ops` in every layer
-        (MODEL_OPS: minserve's own, with the C kernels where they apply; others: their
-        functions, always)."""
+        """Compute RMSNorm, RoPE (its frequencies too) and SwiGLU with `ops` in every layer."""
         self.ops = ops
+        self.revision += 1
         inv_freq = ops.rope_inverse_frequencies(self.config)  # [head_dim / 2]
         self.rope.inv_freq = inv_freq.to(self.rope.inv_freq.device, torch.float32)
-        for module in self.modules():
-            if hasattr(module, "ops"):
-                module.ops = ops
-        self.layers_changed()
 
     def forward(
         self,
@@ -246,28 +210,15 @@ class CausalLM(nn.Module):
         `num_layers` stops after the first layers, then applies the final norm: the draft
         of early-exit self-speculation (LayerSkip) reads the same head from there."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        rotation = self.rope(positions, x.dtype)
-        if num_layers is None and self.fused_decode is not None and self.runs_own_kernels:
-            # a decode step whose every layer runs C kernels: the same kernels from one C call
-            hidden = self.fused_decode(x, rotation.cos, rotation.sin, attention)
-            if hidden is not None:
-                return self.model.norm(hidden)
+        rotation = self.rope(positions, x.dtype, self.ops)
         for i, layer in enumerate(self.model.layers[:num_layers]):
             x = layer(x, rotation, attention, i)
-        return self.model.norm(x)
+        return self.final_norm(x)
 
-    @property
-    def runs_own_kernels(self) -> bool:
-        """The C kernels are on and the layers compute with minserve's own ops."""
-        return self.c_kernels and self.ops is MODEL_OPS
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last layer's output [T, hidden] -> the head's input [T, hidden]."""
+        return self.model.norm(hidden, self.ops)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> fp32 logits [N, vocab] (only for tokens we sample from)."""
         return self.lm_head(hidden).float()
-
-    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> the argmax of each row's fp32 logits [N] (greedy decoding);
-        through the bfloat16 screen of the head where it applies (greedy_head.py)."""
-        if self.c_kernels and screens(self.greedy_screen, hidden):
-            return self.greedy_screen.tokens(hidden)
-        return self.compute_logits(hidden).argmax(dim=-1)

@@ -3,8 +3,9 @@ and RoPE's frequencies from `rope.py`).
 
 `llama.py` calls these through a `ModelOps`, so the same model runs on minserve's own
 versions (`MODEL_OPS`) or on anyone else's with the same signatures: chapter 00's
-exercises plug in with `LLM(model_ops=ModelOps.from_module(module))`. The C kernels of
-`kernels/cpu_ops.py` compute the same math and run only under `MODEL_OPS`.
+exercises plug in with `LLM(model_ops=ModelOps.from_module(module))`. A platform may give
+the model its own value of the same kind: the CPU's C kernels compute the same math
+(`platforms/cpu/ops.py`).
 """
 
 from __future__ import annotations

@@ -6,13 +6,14 @@ takes 32. A decode step reads every weight once, so reading the blocks as they a
 widening them in registers, moves a fifth to a quarter of the bytes (llama.cpp's approach;
 vLLM's `quantization="gguf"`). `LLM(model="file.gguf", quantization="gguf")` builds these:
 
-- `QuantizedLinear`: a decode's few rows go through the C kernel that reads the blocks
-  (`kernels/quant_rows.c`); more rows (a prefill) widen the whole weight for the call and
-  run one matrix product (fp32, or bf16 in a bf16 model), compute-bound there anyway; in a
-  bf16 model on a CPU with AVX512-BF16 the weight is widened a pair of panels at a time
-  into cache and multiplied there by the panel kernel (`cpu_ops.quant_panels`), never
-  written out whole. On a GPU every step runs the Triton kernel that widens the blocks
-  inside the matrix product (`triton_quant.py`).
+- `QuantizedLinear`: its forward widens the blocks and runs one matrix product, the
+  reference. The platform gives it a plan at load: on a CPU a decode's few rows go
+  through the C kernel that reads the blocks (`kernels/quant_rows.c`); more rows (a
+  prefill) widen the whole weight for the call in C and run one matrix product,
+  compute-bound there anyway; in a bf16 model on a CPU with AVX512-BF16 the weight is
+  widened a pair of panels at a time into cache and multiplied there by the panel kernel
+  (`cpu_ops.quant_panels`), never written out whole. On a GPU every step runs the Triton
+  kernel that widens the blocks inside the matrix product (`platforms/cuda/triton_quant.py`).
 - `QuantizedEmbedding`: looks up the blocks of the step's token ids and widens just those.
 
 `dequantize` (`quant_blocks.py`) is the reference: the `gguf` package's arithmetic (fp16
@@ -29,19 +30,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minserve.kernels import cpu_ops
-from minserve.kernels.build import cpu_kernels
 from minserve.kernels.cpu_ops import QUANT_BLOCK, QUANT_BLOCK_BYTES
-from minserve.kernels.decode_layers import KernelLinear
+from minserve.kernels.linear_kernels import NO_KERNELS, KernelLinear, LinearPlan
+from minserve.model.llama import CausalLM
 from minserve.model.quant_blocks import QuantCodec, dequantize
-from minserve.model.triton_quant import quant_matmul
 
 QUANTS = tuple(QUANT_BLOCK_BYTES)  # ("Q8_0", "Q4_0", "Q4_1"): the formats kept as stored
-KERNEL_ROWS = 16  # up to this many rows the C kernel reads the blocks; more widen them once
-# where the panel kernel takes a bfloat16 model's rows (AVX512-BF16), it takes them from this
-# many: over SmolLM2's Q4_1 layer linears the few-row kernel took 0.86x the panels' time at
-# 8 rows, 1.10x at 12 and 1.32x at 16 (the 2-core EPYC)
-PANEL_FROM = 9
 
 
 def check_quant(quant: str, in_features: int) -> None:
@@ -53,7 +47,11 @@ def check_quant(quant: str, in_features: int) -> None:
 
 
 class QuantizedLinear(nn.Module):
-    """`nn.Linear` whose weight stays in GGUF blocks: `blocks` uint8 [out, row bytes]."""
+    """`nn.Linear` whose weight stays in GGUF blocks: `blocks` uint8 [out, row bytes].
+
+    Its own forward widens the blocks in torch and runs one matrix product (the
+    reference); `plan`, set by the platform at load, names the kernels that read the blocks
+    as stored instead (`platforms/cpu/linears.py`, `platforms/cuda/platform.py`)."""
 
     def __init__(self, blocks: torch.Tensor, quant: str, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -63,66 +61,29 @@ class QuantizedLinear(nn.Module):
         check_quant(quant, self.in_features)
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.c_kernels = True  # the execution config's switch (`CausalLM.use_c_kernels`)
         self.codec: QuantCodec | None = None  # `use_quant_codec`: a codec's arithmetic instead
+        self.plan: LinearPlan = NO_KERNELS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [N, in]
         shape = (*x.shape[:-1], self.out_features)
+        kernel = self.kernel(rows.shape[0])
+        if kernel is not None:  # [N, out] in x's dtype, the bias added in fp32
+            return kernel(rows).view(shape)
         if self.codec is not None:
             out = self.codec.linear(rows.float(), self.blocks, self.quant)  # [N, out] fp32
-        elif self.few_rows(rows.shape[0], rows.dtype) and self.c_kernels and _kernel_applies(rows):
-            # [N, out] in x's dtype, the bias added in fp32 before the one rounding
-            return cpu_ops.quant_rows(rows, self.blocks, self.quant, self.bias).view(shape)
-        elif self.panels_apply(rows):  # a bf16 model's many rows: widened panel by panel
-            return cpu_ops.quant_panels(rows, self.blocks, self.quant, self.bias).view(shape)
-        elif rows.is_cuda:  # a GPU: the blocks widened inside Triton's matrix product
-            out = quant_matmul(rows, self.blocks, self.quant)  # [N, out] fp32
-        else:  # many rows: widen the weight once for this call, in the step's dtype
+        else:  # widen the weight once for this call, in the step's dtype
             dtype = matmul_dtype(x)
             out = F.linear(rows.to(dtype), self.widened(dtype))  # [N, out]
         out = out if self.bias is None else out + self.bias.float()  # the bias added in fp32
         return out.to(x.dtype).view(shape)
 
-    def few_rows(self, num_rows: int, dtype: torch.dtype) -> bool:
-        """Whether `num_rows` rows of `dtype` go to the few-row kernel: up to KERNEL_ROWS, or
-        below PANEL_FROM where the panels take a bfloat16 model's rows."""
-        panels = dtype is torch.bfloat16 and self.out_features % (2 * cpu_ops.PANEL) == 0
-        if panels and cpu_ops.panels_native():
-            return num_rows < PANEL_FROM
-        return num_rows <= KERNEL_ROWS
-
-    def panels_apply(self, rows: torch.Tensor) -> bool:
-        """bfloat16 CPU rows, outputs a multiple of 32, the panel kernel built (AVX512-BF16)."""
-        return (
-            self.c_kernels
-            and rows.dtype is torch.bfloat16
-            and rows.is_cpu
-            and self.out_features % (2 * cpu_ops.PANEL) == 0
-            and cpu_ops.panels_native()
-        )
-
-    def kernel(self, num_rows: int, dtype: torch.dtype) -> KernelLinear | None:
-        """The C kernel `forward` runs on `num_rows` CPU rows of `dtype`, with what it reads
-        (`fused_decode.py` calls it from C); None where forward runs torch or a codec."""
-        if self.codec is not None or not self.c_kernels or dtype not in cpu_ops.KERNEL_DTYPES:
-            return None
-        shape = (self.out_features, self.in_features)
-        bias = None if self.bias is None else self.bias.detach()
-        if self.few_rows(num_rows, dtype):
-            bias32 = None if bias is None else bias.to(torch.float32).contiguous()
-            return KernelLinear(f"{self.quant} rows", self.blocks, *shape, bias32)
-        if dtype is torch.bfloat16 and self.out_features % (2 * cpu_ops.PANEL) == 0:
-            if cpu_ops.panels_native():
-                bias16 = None if bias is None else bias.to(torch.bfloat16).contiguous()
-                return KernelLinear(f"{self.quant} panels", self.blocks, *shape, bias16)
-        return None
+    def kernel(self, num_rows: int) -> KernelLinear | None:
+        """The kernel `forward` runs on `num_rows` rows (the plan's), None with a codec."""
+        return None if self.codec is not None else self.plan.kernel(num_rows)
 
     def widened(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight [out, in] in `dtype` (fp32, or bf16 rounded from it): in C where it
-        applies, else in torch."""
-        if self.blocks.is_cpu and self.c_kernels and cpu_kernels() is not None:
-            return cpu_ops.dequantize_blocks(self.blocks, self.quant, dtype)
+        """The weight [out, in] in `dtype` (fp32, or bf16 rounded from it)."""
         return dequantize(self.blocks, self.quant).to(dtype)
 
     @classmethod
@@ -163,10 +124,6 @@ def matmul_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
 
 
-def _kernel_applies(rows: torch.Tensor) -> bool:
-    return rows.is_cpu and cpu_ops.applies(rows)
-
-
 def weight_bytes(model: nn.Module) -> int:
     """Bytes the model's tensors hold in memory: parameters and buffers (blocks, oneDNN's
     packed copies), each storage once (a tied head shares the embedding's)."""
@@ -203,6 +160,6 @@ def use_quant_codec(model: nn.Module, codec: QuantCodec | None) -> int:
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)]
     for layer in layers:
         layer.codec = codec
-    if hasattr(model, "layers_changed"):
-        model.layers_changed()  # the fused decode loop must not run past the codec
+    if isinstance(model, CausalLM):
+        model.revision += 1  # what caches the layers' kernels sees them again
     return len(layers)

@@ -55,6 +55,7 @@ class ModelRunner:
         """Flat input ids, positions, slots and metadata; `drafts` (seq id -> draft tokens)
         run after their decode's token, each with a logits row of its own."""
         drafts = drafts or {}
+        self.begin_step()
         block_size = self.kv.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -80,16 +81,23 @@ class ModelRunner:
             context_lens=[c.start + q for c, q in zip(chunks, query_lens)],
             block_tables=[list(c.block_table) for c in chunks],
             slot_mapping=slots,
-            device=self.device,
+            to_device=self.to_device,
         )
         return ModelInputs(
-            input_ids=torch.tensor(input_ids, device=self.device),
-            positions=torch.tensor(positions, device=self.device),
+            input_ids=self.to_device(torch.tensor(input_ids)),
+            positions=self.to_device(torch.tensor(positions)),
             metadata=metadata,
-            sample_indices=torch.tensor(
-                sample_indices + prompt_rows, dtype=torch.long, device=self.device
+            sample_indices=self.to_device(
+                torch.tensor(sample_indices + prompt_rows, dtype=torch.long)
             ),
         )
+
+    def begin_step(self) -> None:
+        """A new step's inputs are about to be built (a platform's runner resets buffers)."""
+
+    def to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """One of the step's host tensors on the model's device."""
+        return host.to(self.device)
 
     def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
         """Forward the chunks; logits [num_rows, vocab]: sampling rows in the order of
@@ -105,10 +113,21 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_greedy(self, inputs: ModelInputs) -> torch.Tensor:
         """The decoder, then each sampling row's greedy token [num_sampling] (no logits)."""
-        return self.model.greedy_tokens(self.sampled_hidden(inputs))
+        return self.greedy_tokens(self.sampled_hidden(inputs))
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> the argmax of each row's fp32 logits [N]."""
+        return self.model.compute_logits(hidden).argmax(dim=-1)
 
     def sampled_hidden(self, inputs: ModelInputs, num_layers: int | None = None) -> torch.Tensor:
         """The decoder's final hidden states at the logits rows [num_rows, hidden]."""
         attention: AttentionFn = self.backend(self.kv, inputs.metadata)
-        hidden = self.model(inputs.input_ids, inputs.positions, attention, num_layers)
+        hidden = self.decoder(inputs, attention, num_layers)
         return hidden[inputs.sample_indices]  # [num_rows, hidden]
+
+    def decoder(
+        self, inputs: ModelInputs, attention: AttentionFn, num_layers: int | None
+    ) -> torch.Tensor:
+        """The model over the flat batch -> hidden states [T, hidden]. A platform's runner
+        may run the same layers another way (the CPU's C decode loop)."""
+        return self.model(inputs.input_ids, inputs.positions, attention, num_layers)

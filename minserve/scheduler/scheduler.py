@@ -9,10 +9,13 @@ Every step, under a token budget (`max_num_batched_tokens`) and a sequence cap
    much of its prompt as the remaining budget allows (a chunk, with chunked prefill).
 
 `schedule()` returns the step as plain data (`SchedulerOutput`, `minserve/messages.py`):
-token ids, positions, block tables and the block copies the worker makes first. After the
-worker ran it, `update_from_output()` is the one place that moves scheduling state on:
-computed tokens, prefix-cache inserts, forks, appended tokens, finished sequences. It
-returns each sample's new tokens (`NewTokens`) for the output processor.
+token ids, positions, block tables, the block copies the worker makes first and the
+sequences finished since the last step (the worker drops their state). After the worker
+ran it, `update_from_output()` is the one place that moves scheduling state on: requests
+the worker failed are aborted, then computed tokens, prefix-cache inserts, forks, appended
+tokens, finished sequences. It returns each sample's new tokens, the sequences it finished
+and the requests it aborted (`SchedulerUpdate`) for the output processor, whose one message
+back (`OutputStops`: stop strings, text that failed) `apply_stops()` carries out.
 
 The class is chapter 03's exercise 3.1 (the marked region below): students write
 `_schedule_running` and `_admit_waiting`; exercise 3.2 is the step's result,
@@ -34,9 +37,11 @@ from minserve.kvcache.manager import KVCacheManager
 from minserve.messages import (
     ModelRunnerOutput,
     NewTokens,
+    OutputStops,
     SampledTokens,
     ScheduledChunk,
     SchedulerOutput,
+    SchedulerUpdate,
 )
 from minserve.request import StopRules
 from minserve.scheduler.budget import prefill_chunk
@@ -114,7 +119,7 @@ class Scheduler:
         self.swapped: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}  # every live sequence, by id
         self.stats = SchedulerStats()
-        self._finished_ids: list[int] = []  # for the worker: state it may drop
+        self._finished_ids: list[int] = []  # since the last step: the worker drops their state
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence to (re)compute from its first uncomputed token."""
@@ -298,12 +303,15 @@ class Scheduler:
     # --- the step as data, and its result ---
 
     def _output(self, plan: StepPlan, draft_slots: dict[int, int]) -> SchedulerOutput:
-        """The planned batch as plain data, with the block operations decided meanwhile."""
+        """The planned batch as plain data, with the block operations decided meanwhile and
+        the sequences finished since the last step."""
         chunks = tuple(self._chunk_of(s, draft_slots.get(s.seq.seq_id, 0)) for s in plan.scheduled)
+        finished, self._finished_ids = tuple(self._finished_ids), []
         return SchedulerOutput(
             chunks=chunks,
             block_ops=self.kv.take_block_ops(),
             preempted_request_ids=tuple(seq.request_id for seq in plan.preempted),
+            finished_seq_ids=finished,
         )
 
     def _chunk_of(self, s: ScheduledSeq, num_draft_slots: int) -> ScheduledChunk:
@@ -328,24 +336,34 @@ class Scheduler:
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
-    ) -> list[NewTokens]:
+    ) -> SchedulerUpdate:
         """Move every scheduled sequence on by what the step computed and sampled.
 
-        The one writer of `num_computed_tokens`: chunks become computed (and their full
-        blocks cached), accepted drafts too (rejected drafts' slots are rolled back), a
-        finished prefill forks into its n samples, sampled tokens are appended with the
-        token stop rules, and finished sequences free their blocks (`advance_sequences`,
-        exercise 3.2). Returns each sample's new tokens, in batch order.
+        The one writer of `num_computed_tokens`: requests the worker failed alone are
+        aborted first (their tokens are not looked for); then chunks become computed (and
+        their full blocks cached), accepted drafts too (rejected drafts' slots are rolled
+        back), a finished prefill forks into its n samples, sampled tokens are appended
+        with the token stop rules, and finished sequences free their blocks
+        (`advance_sequences`, exercise 3.2). Returns each sample's new tokens, in batch
+        order, with the sequences finished and the requests aborted meanwhile.
         """
         if self.drafts is not None and runner_output.timings is not None:
             timings = runner_output.timings
             self.drafts.record_costs(
                 runner_output.num_draft_rounds, timings.propose, timings.forward
             )
+        first_finished = len(self._finished_ids)
+        for request_id in runner_output.failed:
+            self.abort_request(request_id)
         new_tokens = advance_sequences(self, scheduler_output, runner_output)
         if self.drafts is not None:
             self.drafts.release_finished()
-        return new_tokens
+        return SchedulerUpdate(
+            new_tokens=tuple(new_tokens),
+            finished_seq_ids=tuple(self._finished_ids[first_finished:]),
+            failed=dict(runner_output.failed),
+            prompt_logprobs=runner_output.prompt_logprobs,
+        )
 
     def _record_cache_hit(self, seq: Sequence, start: int) -> None:
         """A request's first chunk starts after its cached prefix: that many tokens were hits."""
@@ -365,6 +383,14 @@ class Scheduler:
         seq.num_computed_tokens += num_accepted
         if num_draft_slots:
             self.kv.truncate(seq.block_table, seq.num_computed_tokens)
+
+    def apply_stops(self, stops: OutputStops) -> None:
+        """The output processor's message back: finish the samples a stop string ended,
+        abort the requests whose tokens could not be turned into output."""
+        for request_id, index in stops.stopped:
+            self.stop_sample(request_id, index)
+        for request_id in stops.failed:
+            self.abort_request(request_id)
 
     def stop_sample(self, request_id: str, index: int) -> None:
         """A stop string ended this sample (the output processor found it): finish it."""
@@ -409,11 +435,6 @@ class Scheduler:
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
         return first
-
-    def take_finished_ids(self) -> list[int]:
-        """Sequences finished or aborted since the last call (the worker drops their state)."""
-        finished, self._finished_ids = self._finished_ids, []
-        return finished
 
     def sequences_of(self, request_id: str) -> list[Sequence]:
         return [s for s in self.seqs.values() if s.request_id == request_id]

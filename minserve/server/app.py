@@ -65,7 +65,7 @@ def build_server(
             f"got {limits_cls!r}"
         )
     _check_policy(llm.engine.scheduler_config.scheduling_policy, config)
-    engine = AsyncEngine(llm.engine, ServerMetrics(), max_queued)
+    engine = AsyncEngine(llm.engine, ServerMetrics(), max_queued, llm.loaded.execution.device)
     return Server(create_app(engine, llm, config, limits_cls), engine, config)
 
 

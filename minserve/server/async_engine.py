@@ -20,6 +20,9 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+import torch
+
+from minserve.device import use_device
 from minserve.engine_client import EngineClient
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.outputs import RequestOutput
@@ -103,11 +106,20 @@ class AsyncEngine:
     background thread and streams outputs to asyncio handlers.
 
     max_queued: requests accepted beyond the engine's seats (max_num_seqs) before new ones
-    are refused with EngineOverloadedError: a bounded waiting queue.
+    are refused with EngineOverloadedError: a bounded waiting queue. device: the engine's
+    device; the loop makes it the current one in its own thread first (CUDA's current
+    device is per thread, and a new thread starts on GPU 0).
     """
 
-    def __init__(self, engine: EngineClient, metrics: ServerMetrics, max_queued: int = 256) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        metrics: ServerMetrics,
+        max_queued: int = 256,
+        device: torch.device | None = None,
+    ) -> None:
         self.engine, self.metrics = engine, metrics
+        self.device = device
         self.capacity = engine.scheduler_config.max_num_seqs + max_queued
         self.stats: dict[str, float] = engine.get_metrics()  # a snapshot, replaced each loop
         metrics.set_engine_stats(self.stats)  # the pool's size is known before the loop runs
@@ -209,6 +221,8 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         try:
+            if self.device is not None:
+                use_device(self.device)  # kernels launch on this thread's current GPU
             self._serve_forever()
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM in `run()`
             self._refuse_all(EngineStoppedError("the server is shutting down"))

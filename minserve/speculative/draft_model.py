@@ -18,8 +18,8 @@ import torch
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.loader import LoadedModel, load_model
 from minserve.messages import ScheduledChunk
-from minserve.model.loader import LoadedModel, load_model
 from minserve.model.runner import ModelRunner
 from minserve.model.sampler import Sampler, SamplingRow
 from minserve.speculative.config import SpeculativeConfig
@@ -70,7 +70,8 @@ class DraftModelProposer:
             loaded.config, target.kv.num_blocks, target.kv.block_size, param.dtype, param.device
         )
         self.allocator = BlockAllocator(pool.num_blocks)
-        self.runner = ModelRunner(loaded.model.to(param.device), pool, target.backend)
+        model = loaded.model.to(param.device)
+        self.runner = loaded.platform.runner(model, pool, target.backend)
         self.states: dict[int, DraftSeq] = {}  # sequence id -> its draft state
         self.sampler = Sampler()  # processes q as the target's sampler processes p
 

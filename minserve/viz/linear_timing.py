@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from minserve.kernels import cpu_ops
-from minserve.model.packed_linear import PackedLinear
+from minserve.platforms.cpu.packed_linear import PackedLinear
 
 LinearPath = Callable[[PackedLinear, torch.Tensor], torch.Tensor]
 PATHS: dict[str, LinearPath] = {

@@ -23,8 +23,6 @@ from minserve.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from minserve.llm import LLM
 
-HF_INSTALL_HINT = "pip install transformers==5.24.0 (or install minserve's dev extra)"
-
 
 def seconds(fn: Callable[[], Any]) -> float:
     """Wall-clock seconds one call of `fn` takes."""
@@ -214,10 +212,8 @@ def decode_tokens_per_second(
 
 def load_hf_model(path: str | Path) -> Any:
     """transformers' model for the same checkpoint (a .gguf file or a folder), fp32, eval."""
-    try:
-        from transformers import AutoModelForCausalLM
-    except ImportError as error:
-        raise ImportError(f"the Hugging Face peer needs transformers: {HF_INSTALL_HINT}") from error
+    from transformers import AutoModelForCausalLM
+
     path = Path(path)
     if path.is_dir():
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

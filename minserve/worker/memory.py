@@ -6,15 +6,18 @@
              - what others hold: the CUDA context, other processes
 
 Everything left is the pool's. The peak is measured, not estimated: the model runs one
-forward of the step's token budget as one sequence (its contiguous KV included, so the
-figure errs on the safe side) and torch reports the most it had allocated.
+forward of the step's token budget as one sequence and torch reports the most it had
+allocated. Its attention is causal SDPA (`ProfileAttention`), which on a GPU runs a flash
+or memory-efficient kernel, as the Triton prefill kernel does: O(T) memory, never a T x T
+score matrix (at 16k tokens an fp32 one is 1 GiB a head), so the figure is the step's real
+activations and not an attention the engine never runs.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
 from minserve.model.llama import CausalLM
 
 GIB = 1 << 30
@@ -34,15 +37,30 @@ def kv_cache_budget(total: int, utilization: float, torch_peak: int, others: int
     return budget
 
 
+def profile_attention(
+    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """`AttentionFn` of the profile: one sequence's causal attention, q [T, Hq, D] over k, v
+    [T, Hkv, D] -> [T, Hq, D], by SDPA without a mask (flash or memory-efficient on a GPU).
+    k and v are widened to the query heads: every SDPA kernel takes that, fp32 included."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)  # [T, Hq, D]
+    v = v.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        is_causal=True,
+    )  # fmt: skip
+    return out[0].transpose(0, 1)  # [T, Hq, D]
+
+
 @torch.inference_mode()
 def profile_forward(model: CausalLM, num_tokens: int, num_logits: int) -> None:
     """One forward of `num_tokens` tokens as one sequence, and the logits of `num_logits`
     rows: the largest step the engine will run."""
-    param = next(model.parameters())
-    kv = SequenceKV(model.config, num_tokens, param.dtype, param.device)
-    input_ids = torch.zeros(num_tokens, dtype=torch.long, device=param.device)  # [T]
-    positions = torch.arange(num_tokens, device=param.device)  # [T]
-    hidden = model(input_ids, positions, ContiguousAttention([ContiguousSlice(kv, 0, num_tokens)]))
+    device = next(model.parameters()).device
+    input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)  # [T]
+    positions = torch.arange(num_tokens, device=device)  # [T]
+    hidden = model(input_ids, positions, profile_attention)  # [T, hidden]
     model.compute_logits(hidden[:num_logits])  # [num_logits, vocab]
 
 

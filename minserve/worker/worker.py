@@ -2,7 +2,8 @@
 
     run_out = worker.execute(sched_out)
 
-1. carry out the step's block operations (copy-on-write, swaps, host-tier copies), in order;
+1. drop what it keeps for the sequences the step names finished (a draft model's KV), then
+   carry out the step's block operations (copy-on-write, swaps, host-tier copies), in order;
 2. speculative decoding: propose drafts in the slots the scheduler reserved;
 3. lay the chunks out as one flat batch and run the decoder over it (`ModelRunner`);
 4. sample: every row plain greedy -> the argmax straight from the head (no logits kept);
@@ -60,15 +61,13 @@ class Worker:
 
     def __init__(
         self,
-        model: CausalLM,
-        pool: PagedKVPool,
-        backend: type,
+        runner: ModelRunner,
         sampler: Sampler | None = None,
         speculative_config: SpeculativeConfig | None = None,
         peers: StepPeers | None = None,
     ) -> None:
-        self.pool = pool
-        self.runner = ModelRunner(model, pool, backend)
+        self.runner = runner  # the platform's: the model over the paged pool
+        self.pool: PagedKVPool = runner.kv
         self.sampler = sampler or Sampler()
         self.swap_store = HostBlockStore()  # preempted sequences' blocks, by sequence id
         self.tier_store = HostBlockStore()  # the prefix cache's host tier, by slot
@@ -88,8 +87,10 @@ class Worker:
         return TierCosts.measure(self.pool, num_params, dtype)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step: block operations, drafts, the forward, the samples."""
+        """Run one step: what finished sequences kept dropped, block operations, drafts,
+        the forward, the samples."""
         clock = PhaseClock()
+        self.release(scheduler_output.finished_seq_ids)
         apply_block_ops(scheduler_output.block_ops, self.pool, self.swap_store, self.tier_store)
         clock.lap("prepare")
         chunks = scheduler_output.chunks
@@ -174,8 +175,9 @@ class Worker:
             logprobs.append([(result.logprobs[i],) for i in span])
         return _per_chunk(kept, tokens, logprobs), failed
 
-    def release(self, seq_ids: list[int]) -> None:
-        """Drop what is kept per sequence for these finished ones (a draft model's KV)."""
+    def release(self, seq_ids: Sequence[int]) -> None:
+        """Drop what is kept per sequence for these finished ones (a draft model's KV);
+        `execute` does it for those its step names finished."""
         if self.speculator is not None and seq_ids:
             self.speculator.release(seq_ids)
 

@@ -15,8 +15,8 @@ kernel in oneDNN's cache.
 
 A decode step's few rows are another matter: there the product is memory-bound, and a
 plain C loop that streams the row-major weight (`kernels/linear_rows.c`) beat both oneDNN and
-MKL on the Xeon we measured. `kernel_rows` says up to how many rows it takes over; the
-loader measures that per layer shape on the machine (`linear_choice.py`).
+MKL on the Xeon we measured. The layer's `plan` says up to how many rows it takes over;
+the CPU platform measures that per layer shape on the machine (`linear_choice.py`).
 
 A bfloat16 weight on a CPU with AVX512-BF16 is packed another way: into panels of bfloat16
 pairs (`cpu_ops.pack_panels`), which minserve's own kernel (`kernels/bf16_panels.c`)
@@ -36,24 +36,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minserve.kernels import cpu_ops
-from minserve.kernels.decode_layers import KernelLinear
+from minserve.kernels.linear_kernels import NO_KERNELS, KernelLinear, LinearPlan
 
 
 class PackedLinear(nn.Module):
     """`nn.Linear` whose forward runs oneDNN's inner product on a prepacked weight.
 
     `weight` and `bias` stay as they were (a tied embedding shares the weight, and
-    `state_dict()` still names it); `packed` is the reordered copy the forward reads.
-    Inputs of at most `kernel_rows` rows (fp32 or bfloat16) go to the few-row C kernel on
-    `weight` instead (`cpu_ops.linear_rows`; `linear_choice.py` measures where it wins),
-    while the `c_kernels` switch is on (`CausalLM.use_c_kernels`).
-
-    With `panels` (a bfloat16 weight the panel kernel takes, `cpu_ops.panels_apply`),
-    `packed` holds the weight in panels of pairs instead and every input goes to
-    `cpu_ops.linear_panels`; with the switch off, to `F.linear` on `weight`.
+    `state_dict()` still names it); `packed` is the reordered copy oneDNN reads. `plan`
+    (set at load, `linear_choice.py`) sends a decode's few rows to the few-row C kernel on
+    `weight` instead. With `panels` (a bfloat16 weight the panel kernel takes,
+    `cpu_ops.panels_apply`), `packed` holds the weight in panels of pairs instead, and the
+    plan sends every row count to `cpu_ops.linear_panels`.
     """
-
-    kernel_rows: int = 0
 
     def __init__(self, linear: nn.Linear, panels: bool = False) -> None:
         super().__init__()
@@ -69,19 +64,14 @@ class PackedLinear(nn.Module):
         # detached once here, not on every call (the same storage as `weight` and `bias`)
         self._weight = linear.weight.detach().contiguous()  # [out, in], row-major
         self._bias = None if linear.bias is None else linear.bias.detach()
-        self.c_kernels = True
+        self.plan = LinearPlan(many=self.panels_kernel()) if self.panels else NO_KERNELS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
-        if self.panels:
-            if self.c_kernels and cpu_ops.linear_applies(rows, self._weight):
-                out = cpu_ops.linear_panels(rows, self.packed, self._bias)  # [N, out]
-                return out if rows is x else out.view(*x.shape[:-1], self.out_features)
-            return F.linear(x, self.weight, self.bias)
         num_rows = rows.shape[0]
-        few = num_rows <= self.kernel_rows and self.c_kernels
-        if few and cpu_ops.linear_applies(rows, self._weight):
-            out = cpu_ops.linear_rows(rows, self._weight, self._bias)  # [N, out]
+        kernel = self.plan.kernel(num_rows)
+        if kernel is not None:
+            out = kernel(rows)  # [N, out]
             return out if rows is x else out.view(*x.shape[:-1], self.out_features)
         padded = padded_rows(num_rows)
         if padded != num_rows:
@@ -91,21 +81,24 @@ class PackedLinear(nn.Module):
             return out
         return out[:num_rows].view(*x.shape[:-1], self.out_features)  # [..., out]
 
-    def kernel(self, num_rows: int, dtype: torch.dtype) -> KernelLinear | None:
-        """The C kernel `forward` runs on `num_rows` CPU rows of `dtype`, with what it reads
-        (`fused_decode.py` calls it from C); None where forward runs oneDNN or torch."""
-        if not self.c_kernels or dtype is not self._weight.dtype:
-            return None
-        if dtype not in cpu_ops.KERNEL_DTYPES or not self._weight.is_cpu:
-            return None
-        shape = (self.out_features, self.in_features)
-        if self.panels:
-            bias = None if self._bias is None else self._bias.to(torch.bfloat16).contiguous()
-            return KernelLinear("panels", self.packed, *shape, bias)
-        if num_rows <= self.kernel_rows:
-            bias = None if self._bias is None else self._bias.to(self._weight.dtype).contiguous()
-            return KernelLinear("rows", self._weight, *shape, bias)
-        return None
+    def kernel(self, num_rows: int) -> KernelLinear | None:
+        """The C kernel `forward` runs on `num_rows` rows; None where it runs oneDNN."""
+        return self.plan.kernel(num_rows)
+
+    def rows_kernel(self) -> KernelLinear:
+        """The few-row kernel on the row-major weight, the bias in the weight's dtype."""
+        bias = None if self._bias is None else self._bias.to(self._weight.dtype).contiguous()
+        return KernelLinear("rows", self._weight, self.out_features, self.in_features, bias)
+
+    def panels_kernel(self) -> KernelLinear:
+        """The panel kernel on the packed pairs, the bias in bfloat16."""
+        bias = None if self._bias is None else self._bias.to(torch.bfloat16).contiguous()
+        return KernelLinear("panels", self.packed, self.out_features, self.in_features, bias)
+
+    def use_rows_kernel(self, up_to: int) -> None:
+        """Send up to `up_to` rows to the few-row kernel (0: none); oneDNN takes the rest."""
+        if not self.panels:
+            self.plan = LinearPlan(self.rows_kernel(), up_to) if up_to else NO_KERNELS
 
     def extra_repr(self) -> str:
         shape = f"in_features={self.in_features}, out_features={self.out_features}"

@@ -33,7 +33,7 @@ def _half_at(ptr, mask):
     return ((hi << 8) | lo).to(tl.float16, bitcast=True).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # a step's row count: one variant for all
 def quant_matmul_kernel(
     x_ptr,  # [M, K] fp32
     w_ptr,  # [N, row_bytes] uint8: each weight row's GGUF blocks

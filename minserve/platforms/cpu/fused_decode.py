@@ -10,11 +10,11 @@ order, on the same tensors, so the hidden states are bit for bit what the Python
 graph does for a GPU's decode step: the launches without the interpreter between them.
 
 It takes a step when every row is a decode on the C attention backend (a bfloat16, fp32 or
-int8 pool), the model computes with minserve's own ops, and each linear layer's forward
-would run a C kernel for that many rows (`kernel(num_rows, dtype)` on `PackedLinear`,
-`QuantizedLinear` and `Int8Linear`); otherwise `__call__` returns None and the Python loop
-runs. The structs for a row count are built once and kept (`clear()` forgets them when a
-switch changes what the layers run).
+int8 pool), the model computes with the C ops (`platforms/cpu/ops.py`), and each linear
+layer's plan runs a C kernel for that many rows (`kernel(num_rows)` on `PackedLinear`,
+`QuantizedLinear` and `Int8Linear`: the same answer their forward acts on); otherwise
+`__call__` returns None and the Python loop runs. The CPU runner owns it
+(`platforms/cpu/runner.py`). The structs for a row count are built once and kept.
 """
 
 from __future__ import annotations
@@ -24,13 +24,21 @@ from torch import nn
 
 from minserve.kernels.build import cpu_kernels
 from minserve.kernels.decode_layers import (
+    LINEAR_KINDS,
     CLayer,
     CStep,
     DecodeAttention,
-    KernelLinear,
+    c_linear,
     run_decode_layers,
 )
+from minserve.kernels.linear_kernels import KernelLinear
+from minserve.model.int8_linear import Int8Linear
+from minserve.model.llama import CausalLM
+from minserve.model.quantized_linear import QuantizedLinear
 from minserve.model_config import ModelConfig
+from minserve.platforms.cpu.packed_linear import PackedLinear
+
+KERNEL_LINEARS = (PackedLinear, QuantizedLinear, Int8Linear)  # the linears with a plan
 
 
 class KernelLayers:
@@ -44,9 +52,9 @@ class KernelLayers:
             struct.input_norm = layer.input_layernorm.weight.data_ptr()
             struct.post_norm = layer.post_attention_layernorm.weight.data_ptr()
             for name, linear in linears_of(layer).items():
-                kernel = linear.kernel(num_rows, dtype)
+                kernel = c_kernel(linear, num_rows)
                 self.linears.append(kernel)
-                setattr(struct, name, kernel.struct())
+                setattr(struct, name, c_linear(kernel))
 
     def point_at(self, attention: DecodeAttention) -> None:
         """Each layer's struct at its KV pool (again only when the pool moved)."""
@@ -62,40 +70,41 @@ class KernelLayers:
 class FusedDecode:
     """The model's decoder layers run from C for decode steps (see the module docstring)."""
 
-    def __init__(self, config: ModelConfig, layers: nn.ModuleList) -> None:
-        self.config = config
-        self.layers = list(layers)
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+        self.config: ModelConfig = model.config
+        self.layers = list(model.model.layers)
         self.by_rows: dict[tuple[int, torch.dtype], KernelLayers | None] = {}
+        self.revision = model.revision  # the model's layers as the structs saw them
 
     @staticmethod
-    def fits(config: ModelConfig, layers: nn.ModuleList) -> bool:
+    def fits(model: CausalLM) -> bool:
         """Layers whose shape the C loop runs: q/k/v and gate/up fused, no q/k norms, CPU."""
         return (
-            not config.qk_norm
+            not model.config.qk_norm
             and cpu_kernels() is not None
             and all(
                 layer.self_attn.qkv_proj is not None
                 and layer.mlp.gate_up_proj is not None
                 and layer.input_layernorm.weight.is_cpu
-                for layer in layers
+                for layer in model.model.layers
             )
         )
 
-    def clear(self) -> None:
-        """Forget the structs: a switch changed which kernels the layers run."""
-        self.by_rows.clear()
-
     def kernel_layers(self, num_rows: int, dtype: torch.dtype) -> KernelLayers | None:
         """The structs for `num_rows` rows of `dtype`, or None where some layer would run
-        torch (a linear without a C kernel for that many rows, or norms in another dtype)."""
+        torch (a linear without a C kernel for that many rows, or norms in another dtype).
+        Built again when the model's layers changed what they compute with (a codec)."""
+        if self.revision != self.model.revision:
+            self.by_rows.clear()
+            self.revision = self.model.revision
         key = (num_rows, dtype)
         if key not in self.by_rows:
             fits = all(
                 layer.input_layernorm.weight.dtype is dtype
                 and layer.post_attention_layernorm.weight.dtype is dtype
                 and all(
-                    hasattr(linear, "kernel") and linear.kernel(num_rows, dtype) is not None
-                    for linear in linears_of(layer).values()
+                    c_kernel(linear, num_rows) is not None for linear in linears_of(layer).values()
                 )
                 for layer in self.layers
             )
@@ -139,6 +148,14 @@ class FusedDecode:
             a.context_lens.data_ptr(), a.seqs.data_ptr(), a.rows.data_ptr(),
             a.tables.stride(0), a.block_size,
         )  # fmt: skip
+
+
+def c_kernel(linear: nn.Module, num_rows: int) -> KernelLinear | None:
+    """The kernel a linear layer's forward runs on `num_rows` rows where C can run it."""
+    if not isinstance(linear, KERNEL_LINEARS):
+        return None
+    kernel = linear.kernel(num_rows)
+    return kernel if kernel is not None and kernel.kind in LINEAR_KINDS else None
 
 
 def linears_of(layer: nn.Module) -> dict[str, nn.Module]:

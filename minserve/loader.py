@@ -11,7 +11,6 @@ from minserve.device import use_device
 from minserve.errors import ModelLoadError
 from minserve.execution import ExecutionConfig, resolve_execution
 from minserve.model.default_model import default_model_path
-from minserve.model.fused_decode import FusedDecode
 from minserve.model.fused_projections import fuse_projections
 from minserve.model.gguf_loader import (
     config_from_gguf,
@@ -19,15 +18,13 @@ from minserve.model.gguf_loader import (
     quantized_blocks,
     weights_from_gguf,
 )
-from minserve.model.greedy_head import attach_greedy_screen
 from minserve.model.hf_loader import config_from_hf, weights_from_hf
 from minserve.model.int8_linear import use_int8_weights
-from minserve.model.linear_choice import Shape, tune_kernel_rows
 from minserve.model.llama import CausalLM, RotaryEmbedding
-from minserve.model.packed_linear import PackedLinear, prepack_linears
 from minserve.model.quantized_linear import QUANTS, use_quantized_blocks, weight_bytes
 from minserve.model.tokenizer import Tokenizer
 from minserve.model_config import ModelConfig
+from minserve.platforms import Platform, set_up_platform
 
 
 @dataclass(frozen=True)
@@ -39,6 +36,7 @@ class LoadedModel:
     model: CausalLM
     tokenizer: Tokenizer
     execution: ExecutionConfig
+    platform: Platform  # its ops and runner, chosen at load (`minserve/platforms/`)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -60,11 +58,12 @@ def load_model(
     """Load a GGUF file or a Hugging Face checkpoint folder (None: the bundled SmolLM2).
 
     `fuse`: q/k/v and gate/up as one linear each (`fused_projections.py`); `prepack`: on a
-    CPU, reorder the linear weights once for oneDNN (`packed_linear.py`); `quantization`:
+    CPU, reorder the linear weights once (`platforms/cpu/packed_linear.py`); `quantization`:
     None dequantizes a GGUF file's matrices at load, "gguf" keeps its Q8_0, Q4_0 and Q4_1
     ones as stored (`quantized_linear.py`), "int8" stores every weight matrix of any
     checkpoint as int8 with a scale per output channel (`int8_linear.py`). How it runs is
-    resolved here, once (`minserve/execution.py`), and kept as `LoadedModel.execution`."""
+    resolved here, once (`minserve/execution.py`), the device's platform sets the model up
+    (`minserve/platforms/`), and both are kept on the `LoadedModel`."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -87,18 +86,19 @@ def load_model(
         weights = weights_from_gguf(reader, config)
         tokenizer = Tokenizer.from_gguf(path)
         if quantization == "gguf":
-            found = quantized_blocks(reader, config, QUANTS)
+            found = quantized_blocks(reader, config, QUANTS, execution.device)
     net = build_model(config, weights, execution.dtype, execution.device, fuse, found)
     del weights  # the dequantized copies of the quantized matrices go with it
     if quantization == "int8":
         layers = use_int8_weights(net, config.tie_word_embeddings, execution.dtype)
-    execution = set_up_execution(net, execution)
+    execution, platform = set_up_platform(net, execution)
     if quantization == "gguf":
         execution = replace(execution, quantization=quantized_summary(found, net))
     if quantization == "int8":
         summary = f"int8(per channel: {layers} layers; weights {weight_bytes(net) / 2**20:.1f} MiB)"
         execution = replace(execution, quantization=summary)
-    return LoadedModel(path, config, net, tokenizer.for_model(config.vocab_size), execution)
+    tokenizer = tokenizer.for_model(config.vocab_size)
+    return LoadedModel(path, config, net, tokenizer, execution, platform)
 
 
 QUANTIZATIONS = (None, "gguf", "int8")
@@ -148,40 +148,6 @@ def build_model(
     if fuse:
         fuse_projections(net)
     return net.eval()
-
-
-def set_up_execution(net: CausalLM, execution: ExecutionConfig) -> ExecutionConfig:
-    """Give `net` the paths `execution` chose; return it with what was measured and set."""
-    net.use_c_kernels(execution.c_kernels)
-    if not execution.prepack:
-        return execution
-    prepack_linears(net, panels=execution.c_kernels)
-    # oneDNN or the few-row C kernel for a decode's rows, per layer shape, on this CPU
-    # (layers packed in panels take their own kernel at every row count)
-    rows = tune_kernel_rows(net, execution.linear_rows)
-    if execution.greedy_screen:
-        attach_greedy_screen(net)  # greedy rows read the head in bfloat16, exactly
-    if execution.c_kernels and FusedDecode.fits(net.config, net.model.layers):
-        net.fused_decode = FusedDecode(net.config, net.model.layers)
-    return replace(
-        execution,
-        fused_decode=net.fused_decode is not None,
-        rows_by_shape=tuple((shape_name(shape), n) for shape, n in rows.items()),
-        packed_as=packed_as(net),
-        greedy_screen=net.greedy_screen is not None,
-    )
-
-
-def packed_as(net: CausalLM) -> str:
-    """How the loader packed the linears: "panels", "oneDNN" or "panels+oneDNN"."""
-    kinds = {m.panels for m in net.modules() if isinstance(m, PackedLinear)}
-    return "+".join(name for on, name in ((True, "panels"), (False, "oneDNN")) if on in kinds)
-
-
-def shape_name(shape: Shape) -> str:
-    """A linear's shape as the execution summary shows it: "576x1536", "+bias" if any."""
-    in_features, out_features, _, bias = shape
-    return f"{in_features}x{out_features}" + ("+bias" if bias else "")
 
 
 def _check_names(expected: set[str], found: set[str]) -> None:

@@ -15,7 +15,8 @@ argmax matters, and that can be found reading the head in bfloat16, half the byt
    the largest wins (the lowest id on a tie, like `argmax`).
 
 The result is the token the fp32 logits pick, not an approximation of it. Greedy parity
-with transformers (tests/test_model_parity.py) runs through this path.
+with transformers (tests/test_model_parity.py) runs through this path; the CPU runner
+owns it (`platforms/cpu/runner.py`).
 """
 
 from __future__ import annotations
@@ -54,20 +55,18 @@ class GreedyScreen:
         return tokens
 
 
-def attach_greedy_screen(model: torch.nn.Module) -> GreedyScreen | None:
-    """Give `model` (a CausalLM) a screen of its fp32 CPU head; None where none applies.
-    The loader calls it where the execution config's `greedy_screen` is on."""
+def greedy_screen_for(model: torch.nn.Module) -> GreedyScreen | None:
+    """A screen of `model`'s (a CausalLM's) fp32 CPU head; None where none applies. The CPU
+    platform builds it where the execution config's `greedy_screen` is on."""
     weight = getattr(model.lm_head, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return None
     if weight.dtype != torch.float32 or not cpu_ops.applies(weight.detach()):
         return None
-    model.greedy_screen = GreedyScreen(weight)
-    return model.greedy_screen
+    return GreedyScreen(weight)
 
 
-def screens(screen: GreedyScreen | None, hidden: torch.Tensor) -> bool:
-    """Whether `screen` should pick these rows' tokens (otherwise: full logits)."""
-    if screen is None or not 0 < hidden.shape[0] <= SCREEN_MAX_ROWS:
-        return False
-    return hidden.dtype == torch.float32 and cpu_ops.applies(hidden)
+def screens(hidden: torch.Tensor) -> bool:
+    """Whether a screen should pick these rows' tokens (otherwise: full logits): a few
+    fp32 rows (the head is fp32 wherever a screen is built)."""
+    return 0 < hidden.shape[0] <= SCREEN_MAX_ROWS and hidden.dtype == torch.float32

@@ -1,0 +1,1 @@
+"""The CUDA platform: Triton kernels compiled, step inputs staged in page-locked memory."""
