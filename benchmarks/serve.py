@@ -189,11 +189,16 @@ def summary_rows(reports: list, peers: list[str]) -> list[str]:
     for rate in sorted({r["settings"]["request_rate"] for r in reports}):
         good = {p: median_of(p, rate, "request_goodput") for p in peers}
         tpot = {p: median_of(p, rate, "tpot_ms") for p in peers}
-        cells = [f"{good[p]:.4f} | {good[first] / good[p]:.3f}x" for p in others]
+        cells = [f"{good[p]:.4f} | {ratio(good[first], good[p])}" for p in others]
         lines.append(f"| {rate} | {good[first]:.4f} | " + " | ".join(cells) + f" | "
                      f"{tpot[first]:.1f} | " + " | ".join(f"{tpot[p]:.1f}" for p in others)
                      + " |")  # fmt: skip
     return lines
+
+
+def ratio(ours: float, theirs: float) -> str:
+    """ours / theirs as "1.234x"; "-" where the peer met no SLO (0 goodput: no ratio)."""
+    return f"{ours / theirs:.3f}x" if theirs > 0 else "-"
 
 
 def write(reports: list, command: str, peers: list[str], args: argparse.Namespace) -> None:
