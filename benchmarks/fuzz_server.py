@@ -210,7 +210,7 @@ def _error_text(event: events.NonFatalError | events.FatalError) -> str:
 
 def fuzz_server(llm: LLM, max_examples: int, seed: int = 0, max_time_s: int | None = None):
     """Serve `llm` (ENGINE's settings), fuzz it, then check it is up and holds no block."""
-    server = build_server(llm, ServerConfig(MODEL, api_key=API_KEY), max_queued=MAX_QUEUED)
+    server = build_server(llm.engine, ServerConfig(MODEL, api_key=API_KEY), max_queued=MAX_QUEUED)
     with BackgroundServer(server) as url:
         report = run_schemathesis(url, max_examples, seed, max_time_s)
         report.server_up = httpx.get(url + "/health", timeout=10).status_code == 200

@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 01` from the repository root.
 # Generated from minserve/kvcache/block_allocator.py, minserve/kvcache/block_table.py by `python -m minserve.course.generate`.
-# stub fingerprint: 19b9cd05d0d2 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 767fab8ee588 (lets the generator tell your edits from a stale stub)
 """Chapter 01, KV cache and the block allocator: free list, reference counts and
 block tables.
 
@@ -10,7 +10,8 @@ The paged KV pool is cut into blocks; `BlockAllocator` hands out block ids and
 counts who holds each one; a sequence's `BlockTable` maps its logical blocks to
 physical ones, shares them on fork and copies a shared last block before writing
 into it. Plug your classes into the engine with
-`LLM(block_allocator_cls=BlockAllocator, block_table_cls=BlockTable)`.
+`LLM(plugins=CoursePlugins(block_allocator_cls=BlockAllocator,
+block_table_cls=BlockTable))`.
 """
 
 from __future__ import annotations

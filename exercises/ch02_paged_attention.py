@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 02` from the repository root.
 # Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py, minserve/attention/triton_prefill.py by `python -m minserve.course.generate`.
-# stub fingerprint: 42d1209a3148 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 3f00c1fc3252 (lets the generator tell your edits from a stale stub)
 """Chapter 02, Paged attention: the Triton kernels of the engine's attention.
 
 2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over
@@ -12,7 +12,8 @@ keys and values in the pool by slot; 2.6 attends a prefill chunk causally over
 its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,
 `paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and
 `paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with
-`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(module))`.
+`LLM(attention_backend="triton",
+plugins=CoursePlugins(decode_kernels=DecodeKernels.from_module(module)))`.
 On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by
 minserve.attention.triton_env).
 """

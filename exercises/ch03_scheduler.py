@@ -2,13 +2,13 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: da2e3cb9414e (lets the generator tell your edits from a stale stub)
+# stub fingerprint: b39515480928 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 Each step, running sequences go first (decodes, then prefill chunks), preempting
 when the KV cache runs out of blocks; then waiting ones are admitted in policy
 order while the token budget, the seats and the blocks last. Plug your class
-into the engine with `LLM(scheduler_cls=Scheduler)`.
+into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.
 """
 
 from collections.abc import Callable

@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 04` from the repository root.
 # Generated from minserve/scheduler/budget.py, minserve/scheduler/preemption.py, minserve/kvcache/swap.py by `python -m minserve.course.generate`.
-# stub fingerprint: a49a3cc962c4 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: ee45f6282591 (lets the generator tell your edits from a stale stub)
 """Chapter 04, Chunked prefill and preemption: the scheduler's two decisions
 when time or memory runs short, and the swap space a preempted sequence goes to.
 
@@ -11,8 +11,8 @@ step's token budget (Sarathi-Serve's chunked prefill). `preemption_mode`:
 whether a preempted sequence's blocks go to the host swap space or are freed and
 recomputed (vLLM). `HostSwapSpace`: the account of the host memory swapped-out
 blocks wait in. Plug yours into the engine with
-`LLM(chunk_rule=prefill_chunk, preemption_rule=preemption_mode,
-swap_space=0.05, swap_space_cls=HostSwapSpace)`.
+`LLM(swap_space=0.05, plugins=CoursePlugins(chunk_rule=prefill_chunk,
+preemption_rule=preemption_mode, swap_space_cls=HostSwapSpace))`.
 """
 
 from __future__ import annotations

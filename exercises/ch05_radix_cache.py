@@ -2,14 +2,15 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 05` from the repository root.
 # Generated from minserve/kvcache/radix_cache.py, minserve/scheduler/cache_aware.py by `python -m minserve.course.generate`.
-# stub fingerprint: c195460940b5 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: aca75e9a26db (lets the generator tell your edits from a stale stub)
 """Chapter 05, Sharing prefixes: the radix tree of the prefix cache, and the
 scheduling policy that serves cache hits first.
 
 A radix tree over token ids at block granularity (SGLang's RadixAttention): you
 write `match_prefix`, `insert` and `evict`. Plug your class into the engine with
-`LLM(enable_prefix_caching=True, prefix_cache_cls=RadixCache)`. Then
-`LongestPrefixMatch`, SGLang's longest-prefix-match policy: plug it in with
+`LLM(enable_prefix_caching=True,
+plugins=CoursePlugins(prefix_cache_cls=RadixCache))`. Then `LongestPrefixMatch`,
+SGLang's longest-prefix-match policy: plug it in with
 `LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`.
 """
 

@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 07` from the repository root.
 # Generated from minserve/distributed/layers.py, minserve/distributed/shard_model.py, minserve/distributed/vocab.py, minserve/distributed/layout.py by `python -m minserve.course.generate`.
-# stub fingerprint: 7d1dace1685f (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 6c8258cc2e32 (lets the generator tell your edits from a stale stub)
 """Chapter 07, Tensor parallelism: column- and row-parallel linear layers,
 where the attention block's all-reduce goes, the vocabulary split, and which
 heads and features each rank holds.
@@ -11,7 +11,8 @@ Megatron-LM splits a linear layer over N ranks by its output features (column-
 parallel: no communication) or by its input features (row-parallel: one
 all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather,
 gather). Plug this module into the engine with `LLM(tensor_parallel_size=3,
-tensor_parallel_layers="exercises.ch07_parallel_linear")`: every rank builds
+plugins=CoursePlugins(tensor_parallel_layers="exercises.ch07_parallel_linear"))`:
+every rank builds
 its shard with your layers, your vocabulary blocks and your `TPLayout`.
 """
 

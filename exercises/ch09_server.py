@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 09` from the repository root.
 # Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py, minserve/server/limits.py by `python -m minserve.course.generate`.
-# stub fingerprint: 0b726bd326fb (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 9ae41803b898 (lets the generator tell your edits from a stale stub)
 """Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop
 strings.
 
@@ -14,10 +14,10 @@ and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a
 stream of text at its first stop string, then `ServerLimits`, the server's
 refusal of what a request can never get. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
-the engine with `LLM(sample_output_cls=SampleOutput,
-stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records
+the engine with `LLM(plugins=CoursePlugins(sample_output_cls=SampleOutput,
+stop_matcher_cls=StopStringMatcher))`; feed your timings and goodput the records
 of a load test (`run_load(...).records`), and your limits into the server with
-`build_server(llm, ServerConfig(...), limits_cls=ServerLimits)`.
+`build_server(llm.engine, ServerConfig(...), limits_cls=ServerLimits)`.
 """
 
 from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher

@@ -15,18 +15,24 @@ from minserve import openmp_env  # noqa: F401, I001
 # On a machine without CUDA, Triton kernels run in its interpreter; Triton reads that choice
 # (TRITON_INTERPRET=1) as it is imported, so the package makes it before anything else.
 from minserve.attention import triton_env  # noqa: F401
+from minserve.engine_args import EngineArgs
+from minserve.engine_builder import build_engine
 from minserve.errors import ModelLoadError, PromptTooLongError
 from minserve.llm import LLM
+from minserve.plugins import CoursePlugins
 from minserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minserve.sampling_params import SamplingParams
 
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "CoursePlugins",
+    "EngineArgs",
     "ModelLoadError",
     "PromptTooLongError",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "build_engine",
 ]
 __version__ = "0.1.0"

@@ -32,36 +32,30 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Protocol
+
+import torch
 
 from minserve.attention.backends import choose_attention
-from minserve.attention.contiguous import Attend
-from minserve.attention.triton_decode import DecodeKernels
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
+from minserve.engine_args import EngineArgs
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
-from minserve.kvcache.block_allocator import BlockAllocator
-from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import host_tier_for
-from minserve.kvcache.kv_format import KVCodec
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
-from minserve.kvcache.radix_cache import RadixCache
-from minserve.kvcache.swap import HostSwapSpace
 from minserve.loader import LoadedModel
 from minserve.messages import ModelRunnerOutput, SchedulerOutput
-from minserve.model.sampler import Sampler
-from minserve.output_processor import OutputProcessor, ProcessedStep, SampleOutput
+from minserve.model.tokenizer import Tokenizer
+from minserve.output_processor import OutputProcessor, ProcessedStep
 from minserve.outputs import RequestOutput
+from minserve.plugins import NO_PLUGINS, CoursePlugins
 from minserve.request import Request, StopRules, validate_params, validate_prompt
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.draft_planner import DraftPlanner
-from minserve.scheduler.scheduler import Scheduler
 from minserve.scheduler.sequence import Sequence
-from minserve.speculative.config import SpeculativeConfig
 from minserve.step_timings import PhaseClock, StepTimings
-from minserve.stop_strings import StopStringMatcher
 from minserve.worker.memory import GIB, measure_kv_cache_budget
 from minserve.worker.pool_size import PoolPeers, PoolRequest
 from minserve.worker.warmup import warm_up
@@ -81,6 +75,12 @@ class StepRecord:
 
 
 StepObserver = Callable[[StepRecord], None]
+
+
+class Stoppable(Protocol):
+    """What runs beside an engine and stops with it (a tensor-parallel group's driver)."""
+
+    def shutdown(self) -> None: ...
 
 
 @contextmanager
@@ -130,39 +130,37 @@ class LLMEngine:
     def __init__(
         self,
         loaded: LoadedModel,
-        cache_config: CacheConfig,
-        scheduler_config: SchedulerConfig,
-        max_model_len: int | None = None,
-        sampler: Sampler | None = None,
-        attention_backend: str = "auto",
-        block_allocator_cls: type = BlockAllocator,
-        scheduler_cls: type = Scheduler,
-        prefix_cache_cls: type = RadixCache,
+        args: EngineArgs,
+        plugins: CoursePlugins = NO_PLUGINS,
         peers: StepPeers | None = None,  # tensor parallel: the other ranks' workers
-        speculative_config: SpeculativeConfig | None = None,
-        sample_output_cls: type = SampleOutput,
-        stop_matcher_cls: type = StopStringMatcher,
-        decode_kernels: DecodeKernels | None = None,  # chapter 02: the Triton decode kernels
-        attend: Attend | None = None,  # a contiguous attention function (chapter 00)
-        block_table_cls: type = BlockTable,
-        scheduling_rules: dict[str, Callable[..., Any]] | None = None,
-        swap_space_cls: type = HostSwapSpace,  # chapter 04: the host swap space's accounting
-        kv_codec: KVCodec | None = None,  # chapter 10: the int8 KV cache's arithmetic
+        tensor_parallel: Stoppable | None = None,  # the driver of the other ranks
     ) -> None:
-        self.loaded = loaded
-        self.scheduler_config = scheduler_config
+        """Build order: the pool's size (measured on a GPU, agreed between ranks), the
+        attention backend, the pool, the worker on the platform's runner, then the KV cache
+        manager (its host tier prices copies with the worker's measured costs), the
+        scheduler and the output processor. `build_engine` loads the model and calls this."""
+        if args.engine != "paged":
+            raise ValueError(f"LLMEngine is the paged engine; got engine={args.engine!r}")
+        plugins.check(args)
+        self.loaded, self.args, self.plugins = loaded, args, plugins
+        self.scheduler_config = scheduler_config = args.scheduler
+        self.tensor_parallel = tensor_parallel
         param = next(loaded.model.parameters())
+        self.device: torch.device | None = param.device
+        self.vocab_size: int = loaded.config.vocab_size
         cache_config, sized_by_memory = _size_for_device(
-            cache_config, loaded, scheduler_config, peers
+            args.cache, loaded, scheduler_config, peers
         )
         execution = loaded.execution.with_kv_cache(cache_config.kv_cache_dtype)
         attention = choose_attention(
-            attention_backend, execution.device, execution.c_kernels, execution.kv_cache_dtype,
-            kv_codec is not None, decode_kernels, attend,
+            args.attention_backend, execution.device, execution.c_kernels,
+            execution.kv_cache_dtype, plugins.kv_codec is not None, plugins.decode_kernels,
+            plugins.attend,
         )  # fmt: skip
-        self.execution = replace(execution, attention=attention.name)
+        ops = "yours" if plugins.model_ops is not None else execution.ops
+        self.execution = replace(execution, attention=attention.name, ops=ops)
         backend = attention.backend
-        kv_format = resolve_kv_format(self.execution.kv_cache_dtype, param.dtype, kv_codec)
+        kv_format = resolve_kv_format(self.execution.kv_cache_dtype, param.dtype, plugins.kv_codec)
         num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, kv_format)
         pool = PagedKVPool(
             loaded.config, num_blocks, cache_config.block_size, kv_format, param.device
@@ -173,18 +171,16 @@ class LLMEngine:
             kv_format.name,
         )  # fmt: skip
         runner = loaded.platform.runner(loaded.model, pool, backend)
-        self.worker = Worker(runner, sampler, speculative_config, peers)
+        self.worker = Worker(runner, plugins.sampler, args.speculative, peers)
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
             logger.info("warm-up: the Triton kernels' step shapes ran once in %.1f s", seconds)
-        self.kv = self._kv_manager(
-            cache_config, block_allocator_cls, prefix_cache_cls, pool, block_table_cls,
-            swap_space_cls,
-        )  # fmt: skip
+        self.kv = self._kv_manager(cache_config, plugins, pool)
         caps = {"the KV pool's size in tokens": num_blocks * pool.block_size}
         if not scheduler_config.enable_chunked_prefill:  # a whole sequence runs in one step
             caps["max_num_batched_tokens"] = scheduler_config.max_num_batched_tokens
         model_limit = loaded.config.max_position_embeddings
+        max_model_len = args.max_model_len
         if sized_by_memory and max_model_len is None and caps_below(caps, model_limit):
             raise ValueError(
                 f"the model's max_model_len ({model_limit}) does not fit the KV cache "
@@ -198,44 +194,36 @@ class LLMEngine:
                 self.max_model_len, min(caps, key=caps.__getitem__), model_limit,
             )  # fmt: skip
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
-        drafts = DraftPlanner(speculative_config) if speculative_config is not None else None
-        self.scheduler = scheduler_cls(  # scheduling_rules: chapter 04's chunk_rule, ...
-            scheduler_config, self.kv, self.rules, drafts, **(scheduling_rules or {})
+        drafts = DraftPlanner(args.speculative) if args.speculative is not None else None
+        self.scheduler = plugins.scheduler_cls(  # scheduling_rules: chapter 04's chunk_rule, ...
+            scheduler_config, self.kv, self.rules, drafts, **plugins.scheduling_rules
         )
         self.output_processor = OutputProcessor(
-            loaded.tokenizer, sample_output_cls, stop_matcher_cls
+            loaded.tokenizer, plugins.sample_output_cls, plugins.stop_matcher_cls
         )
         self.counters = EngineCounters()
         self.timings = StepTimings()  # every step's, summed
         self.observers: list[StepObserver] = []  # called with each step's record
 
     def _kv_manager(
-        self,
-        cache_config: CacheConfig,
-        allocator_cls: type,
-        prefix_cache_cls: type,
-        pool: PagedKVPool,
-        table_cls: type = BlockTable,
-        swap_space_cls: type = HostSwapSpace,
+        self, cache_config: CacheConfig, plugins: CoursePlugins, pool: PagedKVPool
     ) -> KVCacheManager:
         """The scheduler's side of the KV cache: blocks, prefix cache, swap and host tier."""
-        allocator = allocator_cls(pool.num_blocks)
-        if prefix_cache_cls is not RadixCache and not cache_config.enable_prefix_caching:
-            raise ValueError("prefix_cache_cls is used only with enable_prefix_caching=True")
-        if swap_space_cls is not HostSwapSpace and cache_config.swap_space <= 0:
-            raise ValueError("swap_space_cls is used only with swap_space > 0 (GiB of host memory)")
+        allocator = plugins.block_allocator_cls(pool.num_blocks)
         swap = (
-            swap_space_cls.from_config(cache_config, pool.block_nbytes)
+            plugins.swap_space_cls.from_config(cache_config, pool.block_nbytes)
             if cache_config.swap_space > 0
             else None
         )
         prefix_cache = host_tier = None
         if cache_config.enable_prefix_caching:
-            prefix_cache = prefix_cache_cls(pool.block_size, allocator)
+            prefix_cache = plugins.prefix_cache_cls(pool.block_size, allocator)
             if cache_config.kv_offloading_size > 0:
                 costs = self.worker.measure_tier_costs()
                 host_tier = host_tier_for(cache_config, pool.block_size, pool.block_nbytes, costs)
-        return KVCacheManager(allocator, pool.block_size, swap, prefix_cache, host_tier, table_cls)
+        return KVCacheManager(
+            allocator, pool.block_size, swap, prefix_cache, host_tier, plugins.block_table_cls
+        )
 
     # --- requests in and out ---
 
@@ -358,6 +346,15 @@ class LLMEngine:
                 f"{len(self.scheduler.running)} running and {len(self.scheduler.swapped)} "
                 f"swapped sequences and {self.kv.allocator.num_free} free blocks"
             )
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.loaded.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop what runs beside this engine (a tensor-parallel group's other ranks), if any;
+        the engine cannot step afterwards."""
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.shutdown()
 
     def get_metrics(self) -> dict[str, float]:
         """Engine counters and gauges (vLLM's names where it has them)."""

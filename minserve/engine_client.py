@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import torch
+
 from minserve.config import SchedulerConfig
+from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import RequestOutput
 from minserve.sampling_params import SamplingParams
 
@@ -18,6 +21,11 @@ class EngineClient(Protocol):
     """Requests in (add, abort), each step's deltas out, metrics on the side."""
 
     scheduler_config: SchedulerConfig  # max_num_seqs bounds the server's queue
+    max_model_len: int  # the longest sequence (prompt + output) it accepts
+    vocab_size: int  # token ids run from 0 to vocab_size - 1
+    device: torch.device | None  # where its steps run in this process (None: elsewhere)
+
+    def get_tokenizer(self) -> Tokenizer: ...
 
     def add_request(
         self,
@@ -37,3 +45,7 @@ class EngineClient(Protocol):
     def has_unfinished_requests(self) -> bool: ...
 
     def get_metrics(self) -> dict[str, float]: ...
+
+    def shutdown(self) -> None:
+        """Stop the processes it started, if any."""
+        ...

@@ -4,11 +4,13 @@
 
 0.1-0.4 are the model's math (RMSNorm, RoPE, SwiGLU, grouped-query causal
 attention); plug them into the engine with
-`LLM(model_ops=ModelOps.from_module(module))`. 0.5-0.7 are the sampler's filters
-(top-k, top-p, min-p): each takes logits [rows, vocab] and one setting per row and
-returns new logits in which the tokens it rejects are -inf; plug them in with
-`LLM(sampler=Sampler.from_module(module))`. 0.8 is the sampler's repetition,
-frequency and presence penalties; `Sampler.from_module` takes it too. 0.9 is
+`LLM(plugins=CoursePlugins(model_ops=ModelOps.from_module(module)))`. 0.5-0.7 are
+the sampler's filters (top-k, top-p, min-p): each takes logits [rows, vocab] and
+one setting per row and returns new logits in which the tokens it rejects are
+-inf; plug them in with
+`LLM(plugins=CoursePlugins(sampler=Sampler.from_module(module)))`. 0.8 is the
+sampler's repetition, frequency and presence penalties; `Sampler.from_module`
+takes it too. 0.9 is
 RoPE's frequencies (with Llama 3's scaling); `ModelOps.from_module` takes it
 with 0.1-0.4, and the model's rotary embedding uses it.
 """

@@ -7,7 +7,8 @@ The paged KV pool is cut into blocks; `BlockAllocator` hands out block ids and
 counts who holds each one; a sequence's `BlockTable` maps its logical blocks to
 physical ones, shares them on fork and copies a shared last block before writing
 into it. Plug your classes into the engine with
-`LLM(block_allocator_cls=BlockAllocator, block_table_cls=BlockTable)`.
+`LLM(plugins=CoursePlugins(block_allocator_cls=BlockAllocator,
+block_table_cls=BlockTable))`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ keys and values in the pool by slot; 2.6 attends a prefill chunk causally over
 its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,
 `paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and
 `paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with
-`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(module))`.
+`LLM(attention_backend="triton",
+plugins=CoursePlugins(decode_kernels=DecodeKernels.from_module(module)))`.
 On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by
 minserve.attention.triton_env).
 """

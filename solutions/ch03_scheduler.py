@@ -5,7 +5,7 @@
 Each step, running sequences go first (decodes, then prefill chunks), preempting
 when the KV cache runs out of blocks; then waiting ones are admitted in policy
 order while the token budget, the seats and the blocks last. Plug your class
-into the engine with `LLM(scheduler_cls=Scheduler)`.
+into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.
 """
 
 from collections.abc import Callable

@@ -8,8 +8,8 @@ step's token budget (Sarathi-Serve's chunked prefill). `preemption_mode`:
 whether a preempted sequence's blocks go to the host swap space or are freed and
 recomputed (vLLM). `HostSwapSpace`: the account of the host memory swapped-out
 blocks wait in. Plug yours into the engine with
-`LLM(chunk_rule=prefill_chunk, preemption_rule=preemption_mode,
-swap_space=0.05, swap_space_cls=HostSwapSpace)`.
+`LLM(swap_space=0.05, plugins=CoursePlugins(chunk_rule=prefill_chunk,
+preemption_rule=preemption_mode, swap_space_cls=HostSwapSpace))`.
 """
 
 from __future__ import annotations

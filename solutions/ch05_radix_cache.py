@@ -5,8 +5,9 @@ scheduling policy that serves cache hits first.
 
 A radix tree over token ids at block granularity (SGLang's RadixAttention): you
 write `match_prefix`, `insert` and `evict`. Plug your class into the engine with
-`LLM(enable_prefix_caching=True, prefix_cache_cls=RadixCache)`. Then
-`LongestPrefixMatch`, SGLang's longest-prefix-match policy: plug it in with
+`LLM(enable_prefix_caching=True,
+plugins=CoursePlugins(prefix_cache_cls=RadixCache))`. Then `LongestPrefixMatch`,
+SGLang's longest-prefix-match policy: plug it in with
 `LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`.
 """
 

@@ -8,7 +8,8 @@ Megatron-LM splits a linear layer over N ranks by its output features (column-
 parallel: no communication) or by its input features (row-parallel: one
 all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather,
 gather). Plug this module into the engine with `LLM(tensor_parallel_size=3,
-tensor_parallel_layers="exercises.ch07_parallel_linear")`: every rank builds
+plugins=CoursePlugins(tensor_parallel_layers="exercises.ch07_parallel_linear"))`:
+every rank builds
 its shard with your layers, your vocabulary blocks and your `TPLayout`.
 """
 

@@ -7,13 +7,15 @@ widens them a slice at a time.
 (two weights a byte: q_j low, q_(j+16) high), each checked byte for byte against
 the `gguf` package; 10.3 multiplies by a blocked weight without widening all of it.
 Plug them into the engine with `LLM(model=<gguf file>, quantization="gguf",
-quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens
-its blocks with your dequantize functions and multiplies with your matmul. 10.4
-quantizes a loaded fp32 model's layers with your quantize functions: serve it with
-`LLM(model=loaded, quant_codec=...)`. 10.5 is the int8 KV cache's row: one fp16
-scale per token and KV head, q = round(x / scale) in [-127, 127]; plug it in with
-`LLM(kv_cache_dtype="int8", kv_codec=KVCodec.from_module(module))`: the engine
-then stores and reads every cached key and value with your two functions.
+plugins=CoursePlugins(quant_codec=QuantCodec.from_module(module)))`: every
+quantized layer then widens its blocks with your dequantize functions and
+multiplies with your matmul. 10.4 quantizes a loaded fp32 model's layers with your
+quantize functions: serve it with
+`LLM(model=loaded, plugins=CoursePlugins(quant_codec=...))`. 10.5 is the int8 KV
+cache's row: one fp16 scale per token and KV head, q = round(x / scale) in
+[-127, 127]; plug it in with `LLM(kv_cache_dtype="int8",
+plugins=CoursePlugins(kv_codec=KVCodec.from_module(module)))`: the engine then
+stores and reads every cached key and value with your two functions.
 """
 
 import torch

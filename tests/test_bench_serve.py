@@ -91,7 +91,7 @@ def test_workloads_have_the_asked_shapes() -> None:
 
 def test_bench_serve_against_a_live_server(tiny_model, tmp_path, capsys) -> None:
     llm = LLM(tiny_model("llama"), num_blocks=128, block_size=4)
-    with BackgroundServer(build_server(llm, ServerConfig("tiny"))) as url:
+    with BackgroundServer(build_server(llm.engine, ServerConfig("tiny"))) as url:
         args = ["bench", "serve", "--base-url", url, "--num-prompts", "6", "--input-len", "16",
                 "--output-len", "8", "--request-rate", "50", "--goodput", "ttft:60000",
                 "--no-progress", "--output", str(tmp_path / "run")]  # fmt: skip

@@ -23,7 +23,7 @@ from test_server import wait_until_idle
 
 from minserve import LLM, SamplingParams
 from minserve.disagg.proxy_engine import DisaggregatedEngine
-from minserve.server.app import build_disaggregated_server
+from minserve.server.app import build_server
 from minserve.server.background import BackgroundServer
 from minserve.server.serving import ServerConfig
 
@@ -65,7 +65,7 @@ async def read_stream(client: httpx.AsyncClient, prompt: str, started: asyncio.B
 
 
 def test_dead_instances_fail_only_their_requests(cluster, model_dir):
-    server = build_disaggregated_server(cluster, ServerConfig("tiny"))
+    server = build_server(cluster, ServerConfig("tiny"))
     victim = cluster.topology.decode_ranks[-1]
 
     async def two_streams_and_a_kill():

@@ -21,7 +21,7 @@ from minserve.cli import main
 from minserve.disagg.proxy_engine import DisaggregatedEngine
 from minserve.disagg.topology import PDTopology
 from minserve.outputs import OutputAccumulator
-from minserve.server.app import build_disaggregated_server
+from minserve.server.app import build_server
 from minserve.server.background import BackgroundServer
 from minserve.server.serving import ServerConfig
 
@@ -127,7 +127,7 @@ def test_abort_frees_blocks_on_the_instance_holding_the_request(cluster):
 
 
 def test_openai_api_through_the_cluster_equals_colocated_serving(cluster, oracle):
-    with BackgroundServer(build_disaggregated_server(cluster, ServerConfig("tiny"))) as url:
+    with BackgroundServer(build_server(cluster, ServerConfig("tiny"))) as url:
         client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         whole = client.completions.create(model="tiny", prompt=PROMPTS[0], **API)
         chunks = client.completions.create(model="tiny", prompt=PROMPTS[1], stream=True, **API)
@@ -143,7 +143,7 @@ def test_openai_api_through_the_cluster_equals_colocated_serving(cluster, oracle
 
 
 def test_a_client_that_hangs_up_frees_blocks_on_every_instance(cluster):
-    server = build_disaggregated_server(cluster, ServerConfig("tiny"))
+    server = build_server(cluster, ServerConfig("tiny"))
     with BackgroundServer(server) as url:
         before = wait_until_idle(server)
         body = {"prompt": PROMPTS[1], "max_tokens": 200, "ignore_eos": True, "stream": True}

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.engine import LLMEngine
 
 
@@ -221,7 +221,10 @@ def test_a_students_block_allocator_plugs_into_the_engine(tiny_model, workload, 
     import solutions.ch01_block_allocator as student
 
     llm = LLM(
-        tiny_model("llama"), block_size=4, num_blocks=20, block_allocator_cls=student.BlockAllocator
+        tiny_model("llama"),
+        block_size=4,
+        num_blocks=20,
+        plugins=CoursePlugins(block_allocator_cls=student.BlockAllocator),
     )
     assert isinstance(llm.engine.kv.allocator, student.BlockAllocator)
     prompts, params = workload
@@ -235,7 +238,12 @@ def test_a_students_block_table_plugs_into_the_engine(tiny_model, workload, expe
     block; n = 2 samples fork and copy-on-write exactly like the default table."""
     import solutions.ch01_block_allocator as student
 
-    llm = LLM(tiny_model("llama"), block_size=4, num_blocks=20, block_table_cls=student.BlockTable)
+    llm = LLM(
+        tiny_model("llama"),
+        block_size=4,
+        num_blocks=20,
+        plugins=CoursePlugins(block_table_cls=student.BlockTable),
+    )
     assert isinstance(llm.engine.kv.new_table(), student.BlockTable)
     prompts, params = workload
     assert token_ids(llm.generate(prompts[:20], params[:20], use_tqdm=False)) == expected[:20]

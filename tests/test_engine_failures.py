@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_engine import assert_all_blocks_free, token_ids
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.model.sampler import Sampler, SampleResult, SamplingRow
 
@@ -38,7 +38,12 @@ class PoisoningSampler(Sampler):
 
 @pytest.fixture(scope="module")
 def llm(tiny_model) -> LLM:
-    return LLM(tiny_model("llama"), sampler=PoisoningSampler(), num_blocks=128, block_size=4)
+    return LLM(
+        tiny_model("llama"),
+        plugins=CoursePlugins(sampler=PoisoningSampler()),
+        num_blocks=128,
+        block_size=4,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import solutions.ch00_model
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.model.ops import ModelOps
 from minserve.model.sampler import Sampler
 
@@ -149,7 +149,10 @@ def test_a_students_sampler_plugs_into_the_engine(tiny_model) -> None:
         repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2,
     )  # fmt: skip
     ours = LLM(tiny_model("llama")).generate(PROMPTS, params, use_tqdm=False)
-    student = LLM(tiny_model("llama"), sampler=Sampler.from_module(solutions.ch00_model))
+    student = LLM(
+        tiny_model("llama"),
+        plugins=CoursePlugins(sampler=Sampler.from_module(solutions.ch00_model)),
+    )
     theirs = student.generate(PROMPTS, params, use_tqdm=False)
     assert texts(ours) == texts(theirs)
 
@@ -161,7 +164,9 @@ def test_a_students_model_ops_plug_into_the_engine(tiny_model, engine: str) -> N
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     ours = LLM(tiny_model("llama")).generate(PROMPTS, params, use_tqdm=False)
     student = LLM(
-        tiny_model("llama"), model_ops=ModelOps.from_module(solutions.ch00_model), engine=engine
+        tiny_model("llama"),
+        plugins=CoursePlugins(model_ops=ModelOps.from_module(solutions.ch00_model)),
+        engine=engine,
     )
     assert student.get_execution_config().attention == (
         "per-sequence" if engine == "paged" else "contiguous"
@@ -174,7 +179,10 @@ def test_a_students_rope_frequencies_plug_into_the_engine(tiny_model) -> None:
     frequencies included) set the same frequencies and decode the same greedy tokens."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     ours = LLM(tiny_model("llama3_rope"))
-    student = LLM(tiny_model("llama3_rope"), model_ops=ModelOps.from_module(solutions.ch00_model))
+    student = LLM(
+        tiny_model("llama3_rope"),
+        plugins=CoursePlugins(model_ops=ModelOps.from_module(solutions.ch00_model)),
+    )
     builtin_freq = ours.loaded.model.rope.inv_freq
     torch.testing.assert_close(student.loaded.model.rope.inv_freq, builtin_freq)
     expected = ours.generate(PROMPTS, params, use_tqdm=False)

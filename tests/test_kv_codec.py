@@ -7,13 +7,14 @@ greedy tokens); a pair that forgets the scale must change them, so the codec rea
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 from test_engine import token_ids
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.attention.triton_decode import DecodeKernels
 from minserve.course.chapters import REPO_ROOT, get_chapter
 from minserve.course.check import load_implementation
@@ -34,8 +35,11 @@ def solution_codec() -> KVCodec:
     return KVCodec.from_module(solutions)
 
 
-def with_codec(int8_llm: LLM, codec: KVCodec, **options) -> LLM:
-    return LLM(int8_llm.loaded, num_blocks=16, kv_cache_dtype="int8", kv_codec=codec, **options)
+def with_codec(
+    int8_llm: LLM, codec: KVCodec, plugins: CoursePlugins | None = None, **options
+) -> LLM:
+    plugins = replace(plugins or CoursePlugins(), kv_codec=codec)
+    return LLM(int8_llm.loaded, num_blocks=16, kv_cache_dtype="int8", plugins=plugins, **options)
 
 
 def greedy(llm: LLM) -> list[list[int]]:
@@ -61,7 +65,7 @@ def test_the_pool_holds_the_codec_and_auto_attention_runs_in_torch(int8_llm, sol
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "fp8_e5m2"])
 def test_a_codec_without_an_int8_cache_is_refused(kv_cache_dtype):
     with pytest.raises(ValueError, match="pass kv_cache_dtype='int8' with it"):
-        LLM(kv_cache_dtype=kv_cache_dtype, kv_codec=INT8_CODEC)
+        LLM(kv_cache_dtype=kv_cache_dtype, plugins=CoursePlugins(kv_codec=INT8_CODEC))
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
@@ -72,7 +76,7 @@ def test_a_codec_refuses_the_backends_whose_kernels_would_bypass_it(int8_llm, ba
 
 def test_a_codec_and_decode_kernels_are_refused_together(int8_llm):
     with pytest.raises(ValueError, match="give one or the other"):
-        with_codec(int8_llm, INT8_CODEC, decode_kernels=DecodeKernels())
+        with_codec(int8_llm, INT8_CODEC, CoursePlugins(decode_kernels=DecodeKernels()))
 
 
 def test_the_int8_format_encodes_and_decodes_through_its_codec():

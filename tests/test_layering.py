@@ -7,8 +7,8 @@
       -> the platforms (each device's speed) and the loader (a model on its platform)
       -> what runs on it (request, speculative, output_processor)
       -> scheduler, worker
-      -> engine
-      -> llm, distributed, disagg, server, router
+      -> engine (and its options and plug-ins)
+      -> llm, build_engine, distributed, disagg, server, router
       -> cli, course, viz, bench
 
 A module may import from its own layer or any layer below it; between packages of one
@@ -36,8 +36,8 @@ LAYERS: list[set[str]] = [
     {"platforms", "loader"},
     {"request", "speculative", "output_processor"},
     {"scheduler", "worker"},
-    {"engine", "engine_client", "engine_metrics", "reference"},
-    {"llm", "distributed", "disagg", "server", "router"},
+    {"engine", "engine_args", "engine_client", "engine_metrics", "plugins", "reference"},
+    {"llm", "engine_builder", "distributed", "disagg", "server", "router"},
     {"cli", "course", "viz", "bench"},
 ]  # fmt: skip
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

@@ -15,7 +15,7 @@ import pytest
 from test_engine import assert_all_blocks_free
 from test_speculative import NGRAM, repetitive_workload
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.engine import LLMEngine
 from minserve.outputs import OutputAccumulator, RequestOutput
 
@@ -128,7 +128,9 @@ def test_chapter_09s_solution_matcher_cuts_the_engines_text_as_minserves(llm) ->
     texts = [out.outputs[0].text for out in llm.generate(prompts, free, use_tqdm=False)]
     stops = [t[6:9] for t in texts if len(t) > 9] + ["\n\n", "zz"]
     params = [replace(free, stop=stops, n=2, temperature=0.8, seed=1), replace(free, stop=stops)]
-    solution = LLM(llm.loaded, num_blocks=64, stop_matcher_cls=SolutionMatcher)
+    solution = LLM(
+        llm.loaded, num_blocks=64, plugins=CoursePlugins(stop_matcher_cls=SolutionMatcher)
+    )
     for sp in params:
         want = llm.generate(prompts, sp, use_tqdm=False)
         got = solution.generate(prompts, sp, use_tqdm=False)
@@ -138,4 +140,4 @@ def test_chapter_09s_solution_matcher_cuts_the_engines_text_as_minserves(llm) ->
 
 def test_a_stop_matcher_class_without_feed_and_flush_is_refused(tiny_model) -> None:
     with pytest.raises(TypeError, match="stop_matcher_cls must be a class with feed and flush"):
-        LLM(tiny_model("llama"), stop_matcher_cls=dict)
+        LLM(tiny_model("llama"), plugins=CoursePlugins(stop_matcher_cls=dict))

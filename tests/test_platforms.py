@@ -22,6 +22,7 @@ from minserve.platforms.cpu.runner import CpuModelRunner
 from minserve.platforms.cuda.platform import CudaPlatform, set_up_cuda
 from minserve.platforms.cuda.runner import CudaModelRunner
 from minserve.platforms.cuda.staging import ALIGN, PinnedStaging
+from minserve.plugins import CoursePlugins
 
 
 def test_a_cpu_model_is_set_up_once_and_says_so(tiny_model) -> None:
@@ -35,7 +36,9 @@ def test_a_cpu_model_is_set_up_once_and_says_so(tiny_model) -> None:
 
 def test_a_students_ops_replace_the_platforms_and_leave_with_the_llm(tiny_model) -> None:
     base = LLM(tiny_model("llama"))
-    student = LLM(base.loaded, model_ops=MODEL_OPS)  # as chapter 00 plugs its module in
+    student = LLM(
+        base.loaded, plugins=CoursePlugins(model_ops=MODEL_OPS)
+    )  # as chapter 00 plugs its module in
     assert base.loaded.model.ops is MODEL_OPS
     LLM(base.loaded)  # the next LLM on the model without ops: the platform's again
     assert base.loaded.model.ops is C_KERNEL_OPS

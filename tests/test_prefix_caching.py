@@ -13,7 +13,7 @@ import random
 import pytest
 from test_engine import token_ids
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.engine import LLMEngine
 
 
@@ -203,6 +203,10 @@ def test_prefix_cache_options_without_the_cache_are_refused(tiny_model) -> None:
     with pytest.raises(ValueError, match="kv_offloading_size .* needs enable_prefix_caching=True"):
         LLM(tiny_model("llama"), num_blocks=8, kv_offloading_size=1.0)
     with pytest.raises(ValueError, match="prefix_cache_cls is used only with enable_prefix_cach"):
-        LLM(tiny_model("llama"), num_blocks=8, prefix_cache_cls=student.RadixCache)
+        LLM(
+            tiny_model("llama"),
+            num_blocks=8,
+            plugins=CoursePlugins(prefix_cache_cls=student.RadixCache),
+        )
     with pytest.raises(ValueError, match="'lpm' ranks requests by their cached prefix"):
         LLM(tiny_model("llama"), num_blocks=8, scheduling_policy="lpm")

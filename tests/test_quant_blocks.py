@@ -12,6 +12,7 @@ from gguf.quants import quantize as gguf_quantize
 from minserve.llm import LLM
 from minserve.model.quant_blocks import CODEC, dequantize, dequantize_matmul, quantize
 from minserve.model.quantized_linear import QUANTS
+from minserve.plugins import CoursePlugins
 from minserve.sampling_params import SamplingParams
 
 
@@ -48,11 +49,13 @@ def test_a_codec_serves_the_tokens_of_the_c_kernel() -> None:
     greedy = SamplingParams(temperature=0, max_tokens=4)
     kernel = LLM(quantization="gguf")
     want = kernel.generate("The capital of France is", greedy, use_tqdm=False)[0].outputs[0]
-    codec = LLM(kernel.loaded, quant_codec=CODEC)  # the same blocks, through quant_blocks.py
+    codec = LLM(
+        kernel.loaded, plugins=CoursePlugins(quant_codec=CODEC)
+    )  # the same blocks, through quant_blocks.py
     got = codec.generate("The capital of France is", greedy, use_tqdm=False)[0].outputs[0]
     assert got.token_ids == want.token_ids
 
 
 def test_quant_codec_needs_quantized_layers(tiny_model) -> None:
     with pytest.raises(ValueError, match="quant_codec widens GGUF blocks; load a .gguf model"):
-        LLM(tiny_model("llama"), quant_codec=CODEC)
+        LLM(tiny_model("llama"), plugins=CoursePlugins(quant_codec=CODEC))

@@ -39,7 +39,9 @@ def replicas(tiny_model) -> Iterator[list[BackgroundServer]]:
     """Two `minserve serve` replicas with prefix caching, on ephemeral ports."""
     first = LLM(tiny_model("llama"), num_blocks=256, block_size=4, enable_prefix_caching=True)
     second = LLM(first.loaded, num_blocks=256, block_size=4, enable_prefix_caching=True)
-    servers = [BackgroundServer(build_server(llm, ServerConfig(MODEL))) for llm in (first, second)]
+    servers = [
+        BackgroundServer(build_server(llm.engine, ServerConfig(MODEL))) for llm in (first, second)
+    ]
     for server in servers:
         server.start()
     yield servers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_engine import assert_all_blocks_free, random_workload, token_ids
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 
 
 def test_the_solutions_scheduler_gives_the_default_engines_tokens(tiny_model) -> None:
@@ -15,7 +15,9 @@ def test_the_solutions_scheduler_gives_the_default_engines_tokens(tiny_model) ->
     options = dict(block_size=4, num_blocks=20, max_num_batched_tokens=32)
     default = LLM(tiny_model("llama"), **options)
     expected = token_ids(default.generate(prompts, params, use_tqdm=False))
-    plugged = LLM(tiny_model("llama"), scheduler_cls=student.Scheduler, **options)
+    plugged = LLM(
+        tiny_model("llama"), plugins=CoursePlugins(scheduler_cls=student.Scheduler), **options
+    )
     assert isinstance(plugged.engine.scheduler, student.Scheduler)
     assert token_ids(plugged.generate(prompts, params, use_tqdm=False)) == expected
     metrics, default_metrics = plugged.get_metrics(), default.get_metrics()
@@ -47,7 +49,9 @@ def test_the_solutions_step_update_gives_the_default_engines_outputs(tiny_model)
         return [(c.token_ids, c.finish_reason) for out in results for c in out.outputs]
 
     default = LLM(tiny_model("llama"), **options)
-    plugged = LLM(tiny_model("llama"), scheduler_cls=student.Scheduler, **options)
+    plugged = LLM(
+        tiny_model("llama"), plugins=CoursePlugins(scheduler_cls=student.Scheduler), **options
+    )
     assert outputs(plugged) == outputs(default)
     metrics, default_metrics = plugged.get_metrics(), default.get_metrics()
     for key in ("num_generation_tokens", "num_steps", "num_accepted_tokens"):
@@ -77,8 +81,9 @@ def test_the_solutions_budget_and_preemption_rules_give_the_default_engines_toke
     expected = token_ids(default.generate(prompts, params, use_tqdm=False))
     plugged = LLM(
         tiny_model("llama"),
-        chunk_rule=student.prefill_chunk,
-        preemption_rule=student.preemption_mode,
+        plugins=CoursePlugins(
+            chunk_rule=student.prefill_chunk, preemption_rule=student.preemption_mode
+        ),
         **options,
     )
     assert plugged.engine.scheduler.chunk_rule is student.prefill_chunk
@@ -96,7 +101,9 @@ def test_the_solutions_swap_space_gives_the_default_engines_tokens_and_bytes(tin
     options = dict(block_size=4, num_blocks=20, max_num_batched_tokens=32, swap_space=0.001)
     default = LLM(tiny_model("llama"), **options)
     expected = token_ids(default.generate(prompts, params, use_tqdm=False))
-    plugged = LLM(tiny_model("llama"), swap_space_cls=student.HostSwapSpace, **options)
+    plugged = LLM(
+        tiny_model("llama"), plugins=CoursePlugins(swap_space_cls=student.HostSwapSpace), **options
+    )
     space, default_space = plugged.engine.kv.swap, default.engine.kv.swap
     assert isinstance(space, student.HostSwapSpace)
     assert token_ids(plugged.generate(prompts, params, use_tqdm=False)) == expected
@@ -111,22 +118,32 @@ def test_a_swap_space_class_needs_swap_space(tiny_model) -> None:
     import solutions.ch04_chunked_prefill as student
 
     with pytest.raises(ValueError, match="swap_space_cls is used only with swap_space > 0"):
-        LLM(tiny_model("llama"), swap_space_cls=student.HostSwapSpace)
+        LLM(tiny_model("llama"), plugins=CoursePlugins(swap_space_cls=student.HostSwapSpace))
     with pytest.raises(ValueError, match="swap_space_cls plugs into the paged engine"):
-        LLM(tiny_model("llama"), engine="reference", swap_space_cls=student.HostSwapSpace)
+        LLM(
+            tiny_model("llama"),
+            engine="reference",
+            plugins=CoursePlugins(swap_space_cls=student.HostSwapSpace),
+        )
 
 
 def test_a_preemption_rule_that_never_swaps_recomputes_every_victim(tiny_model) -> None:
     prompts, params = random_workload(20, seed=3)
     options = dict(block_size=4, num_blocks=20, max_num_batched_tokens=32, swap_space=0.001)
-    llm = LLM(tiny_model("llama"), preemption_rule=lambda *_: "recompute", **options)
+    llm = LLM(
+        tiny_model("llama"),
+        plugins=CoursePlugins(preemption_rule=lambda *_: "recompute"),
+        **options,
+    )
     llm.generate(prompts, params, use_tqdm=False)
     metrics = llm.get_metrics()
     assert metrics["num_preemptions"] > 0 and metrics["num_swapped_out"] == 0
 
 
 def test_scheduling_rules_are_refused_by_the_reference_engine(tiny_model) -> None:
-    with pytest.raises(
-        ValueError, match=r"scheduling rules \(chunk_rule\) plug into the paged engine"
-    ):
-        LLM(tiny_model("llama"), engine="reference", chunk_rule=lambda n, left, chunked: n)
+    with pytest.raises(ValueError, match=r"chunk_rule plugs into the paged engine"):
+        LLM(
+            tiny_model("llama"),
+            engine="reference",
+            plugins=CoursePlugins(chunk_rule=lambda n, left, chunked: n),
+        )

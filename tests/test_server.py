@@ -57,7 +57,7 @@ def oracle(llm: LLM) -> LLM:
 @pytest.fixture(scope="module")
 def live(llm: LLM) -> Iterator[BackgroundServer]:
     """One server for the module: uvicorn on 127.0.0.1:<ephemeral>, and its app in-process."""
-    background = BackgroundServer(build_server(llm, ServerConfig(MODEL)))
+    background = BackgroundServer(build_server(llm.engine, ServerConfig(MODEL)))
     background.start()
     yield background
     background.stop()
@@ -215,7 +215,7 @@ def test_32_concurrent_streams_finish_without_errors_or_leaks(live, oracle) -> N
 
 def test_priority_classes_need_the_priority_policy(llm, live) -> None:
     engine = LLM(llm.loaded, num_blocks=32, block_size=4, scheduling_policy="priority")
-    server = build_server(engine, ServerConfig(MODEL, scheduling_policy="priority")).start()
+    server = build_server(engine.engine, ServerConfig(MODEL, scheduling_policy="priority")).start()
     try:
 
         async def ask(client: AsyncOpenAI, priority):
@@ -251,7 +251,7 @@ def _metric(text: str, name: str) -> float:
 @pytest.mark.slow
 def test_smollm2_chat_uses_the_models_template_and_answers_like_llm_chat() -> None:
     smol = LLM(num_blocks=64, max_num_seqs=4)
-    server = build_server(smol, ServerConfig("smollm2")).start()
+    server = build_server(smol.engine, ServerConfig("smollm2")).start()
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     try:
 

@@ -33,7 +33,7 @@ def oracle(llm: LLM) -> LLM:
 
 @pytest.fixture(scope="module")
 def url(llm: LLM) -> Iterator[str]:
-    background = BackgroundServer(build_server(llm, ServerConfig(MODEL)))
+    background = BackgroundServer(build_server(llm.engine, ServerConfig(MODEL)))
     background.start()
     yield background.url
     background.stop()

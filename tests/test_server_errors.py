@@ -114,7 +114,7 @@ def server(tiny_model) -> Iterator[Server]:
     llm = LLM(tiny_model("llama"), num_blocks=64, block_size=4, max_model_len=MAX_MODEL_LEN,
               max_num_seqs=1)  # fmt: skip
     config = ServerConfig(MODEL, max_request_bytes=MAX_BYTES)
-    started = build_server(llm, config, max_queued=0).start()
+    started = build_server(llm.engine, config, max_queued=0).start()
     yield started
     started.shutdown()
 
@@ -194,7 +194,7 @@ def test_overload_is_503_and_the_server_recovers(server) -> None:
 
 def test_api_key_is_required_when_set(tiny_model) -> None:
     llm = LLM(tiny_model("llama"), num_blocks=16, block_size=4)
-    keyed = build_server(llm, ServerConfig(MODEL, api_key="s3cret")).start()
+    keyed = build_server(llm.engine, ServerConfig(MODEL, api_key="s3cret")).start()
     try:
         body = json.dumps(GOOD).encode()
         refused = send(keyed, "POST", "/v1/completions", body)
@@ -295,7 +295,7 @@ def test_chapter_09s_solution_limits_answer_every_case_as_minserves(server) -> N
     llm = LLM(server.engine.engine.loaded, num_blocks=64, block_size=4,
               max_model_len=MAX_MODEL_LEN, max_num_seqs=1)  # fmt: skip
     config = ServerConfig(MODEL, max_request_bytes=MAX_BYTES)
-    solution = build_server(llm, config, max_queued=0, limits_cls=SolutionLimits).start()
+    solution = build_server(llm.engine, config, max_queued=0, limits_cls=SolutionLimits).start()
     try:
         for case, path, body, _status, _param in CASES:
             want, got = send(server, "POST", path, body), send(solution, "POST", path, body)
@@ -307,4 +307,4 @@ def test_chapter_09s_solution_limits_answer_every_case_as_minserves(server) -> N
 def test_a_limits_class_without_check_is_refused(server) -> None:
     llm = LLM(server.engine.engine.loaded, num_blocks=16, block_size=4)
     with pytest.raises(TypeError, match="limits_cls must be a class with check and check_batch"):
-        build_server(llm, ServerConfig(MODEL), limits_cls=dict)
+        build_server(llm.engine, ServerConfig(MODEL), limits_cls=dict)

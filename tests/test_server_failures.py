@@ -22,7 +22,7 @@ from test_engine_failures import POISON_SEED, PoisoningSampler
 from test_server import GREEDY, MODEL, expected_text, wait_until_idle
 from test_server_errors import send
 
-from minserve import LLM
+from minserve import LLM, CoursePlugins
 from minserve.server.app import Server, build_server
 from minserve.server.async_engine import EngineStoppedError
 from minserve.server.cli import run_until_stopped
@@ -34,7 +34,12 @@ GOOD = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
 
 @pytest.fixture(scope="module")
 def llm(tiny_model) -> LLM:
-    return LLM(tiny_model("llama"), sampler=PoisoningSampler(), num_blocks=256, block_size=4)
+    return LLM(
+        tiny_model("llama"),
+        plugins=CoursePlugins(sampler=PoisoningSampler()),
+        num_blocks=256,
+        block_size=4,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +49,7 @@ def oracle(llm: LLM) -> LLM:
 
 @pytest.fixture(scope="module")
 def server(llm: LLM) -> Iterator[Server]:
-    started = build_server(llm, ServerConfig(MODEL)).start()
+    started = build_server(llm.engine, ServerConfig(MODEL)).start()
     yield started
     started.shutdown()
 
@@ -121,7 +126,7 @@ def test_a_crashed_engine_loop_ends_the_serve_loop_and_health_answers_503(llm, m
         raise RuntimeError("injected: a bug in the engine loop")
 
     monkeypatch.setattr(own.engine, "has_unfinished_requests", crash)
-    server = build_server(own, ServerConfig(MODEL))
+    server = build_server(own.engine, ServerConfig(MODEL))
     with pytest.raises(EngineStoppedError, match=r"^the engine loop crashed: RuntimeError\("):
         run_until_stopped(server, "127.0.0.1", 0)
     assert isinstance(server.engine.crash, RuntimeError)

@@ -56,14 +56,14 @@ def llm(tiny_model) -> LLM:
 
 @pytest.fixture
 def live(llm: LLM) -> Iterator[BackgroundServer]:
-    background = BackgroundServer(build_server(llm, ServerConfig(MODEL)))
+    background = BackgroundServer(build_server(llm.engine, ServerConfig(MODEL)))
     background.start()
     yield background
     background.stop()
 
 
 def test_the_pool_size_is_exported_before_any_request(llm) -> None:
-    server = build_server(LLM(llm.loaded, num_blocks=48, block_size=4), ServerConfig(MODEL))
+    server = build_server(LLM(llm.loaded, num_blocks=48, block_size=4).engine, ServerConfig(MODEL))
     with BackgroundServer(server, start_engine=False) as url:  # no engine loop has run yet
         metrics = scrape(url)
     assert metrics["minserve:kv_cache_total_blocks"] == 48

@@ -29,7 +29,7 @@ def llm(tiny_model) -> LLM:
 
 @pytest.fixture(scope="module")
 def server(llm: LLM) -> Iterator[Server]:
-    started = build_server(llm, ServerConfig(MODEL), max_queued=8).start()
+    started = build_server(llm.engine, ServerConfig(MODEL), max_queued=8).start()
     yield started
     started.shutdown()
 
@@ -99,7 +99,7 @@ def test_every_route_documents_its_errors_as_openai_bodies(spec) -> None:
 
 
 def test_a_keyed_server_documents_bearer_auth_and_its_401s(llm) -> None:
-    keyed = build_server(LLM(llm.loaded, num_blocks=32, block_size=4),
+    keyed = build_server(LLM(llm.loaded, num_blocks=32, block_size=4).engine,
                          ServerConfig(MODEL, api_key="s3cret"))  # fmt: skip
     spec = send(keyed, "GET", "/openapi.json").json()
     assert spec["components"]["securitySchemes"] == {"bearer": {"type": "http",
@@ -113,7 +113,7 @@ def test_a_keyed_server_documents_bearer_auth_and_its_401s(llm) -> None:
 
 def test_the_priority_policy_offers_the_priority_field(llm) -> None:
     engine = LLM(llm.loaded, num_blocks=32, block_size=4, scheduling_policy="priority")
-    spec = send(build_server(engine, ServerConfig(MODEL, scheduling_policy="priority")),
+    spec = send(build_server(engine.engine, ServerConfig(MODEL, scheduling_policy="priority")),
                 "GET", "/openapi.json").json()  # fmt: skip
     priority = spec["components"]["schemas"]["CompletionRequest"]["properties"]["priority"]
     assert {"enum": ["interactive", "standard", "batch"]} in priority["anyOf"]

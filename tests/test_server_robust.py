@@ -57,7 +57,7 @@ def live(llm: LLM, monkeypatch) -> Iterator[tuple[BackgroundServer, FailingForwa
     """A fresh server (one seat: a second request waits) whose forward can be made to fail."""
     failing = FailingForward(llm.engine.worker.runner.sampled_hidden, delay_s=0.003)
     monkeypatch.setattr(llm.engine.worker.runner, "sampled_hidden", failing)
-    background = BackgroundServer(build_server(llm, ServerConfig(MODEL)))
+    background = BackgroundServer(build_server(llm.engine, ServerConfig(MODEL)))
     background.start()
     yield background, failing
     background.stop()

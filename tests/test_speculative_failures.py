@@ -17,7 +17,7 @@ import torch
 from test_engine import assert_all_blocks_free, token_ids
 from test_speculative import EARLY_EXIT, NGRAM, repetitive_workload
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.errors import RequestsFailedError
 from minserve.model.sampler import Sampler, SampleResult, SamplingRow
 from minserve.speculative.distributions import choose_drafts
@@ -65,7 +65,11 @@ def test_nan_target_logits_fail_one_speculating_request_and_the_others_match(
     tiny_model, workload, expected, temperature: float
 ) -> None:
     prompts, params = workload
-    llm = LLM(tiny_model("llama"), speculative_config=NGRAM, sampler=PoisoningSampler())
+    llm = LLM(
+        tiny_model("llama"),
+        speculative_config=NGRAM,
+        plugins=CoursePlugins(sampler=PoisoningSampler()),
+    )
     bad = SamplingParams(temperature=temperature, seed=POISON_SEED, max_tokens=30, ignore_eos=True)
     with pytest.raises(RequestsFailedError) as failed:
         llm.generate([*prompts, prompts[0] * 3], [*params, bad], use_tqdm=False)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.distributed.launcher import WorkerFailedError
 from minserve.distributed.layout import TensorParallelError
 from minserve.distributed.shard_model import parameter_bytes
@@ -47,7 +47,7 @@ def test_tp2_tiny_model_equals_tp1_and_reference_and_a_dead_worker_is_a_clear_er
         assert _tokens(llm, PROMPTS) == expected
         assert _tokens(llm, PROMPTS[:1], sampled) == expected_sampled
 
-        llm.tensor_parallel.procs[0].kill()  # rank 1 dies between requests
+        llm.engine.tensor_parallel.procs[0].kill()  # rank 1 dies between requests
         start = time.monotonic()
         with pytest.raises(WorkerFailedError, match="rank 1: exit code -9"):
             llm.generate(PROMPTS, GREEDY, use_tqdm=False)
@@ -99,7 +99,7 @@ def test_options_tensor_parallel_cannot_honour_are_refused(tiny_model) -> None:
     with pytest.raises(ValueError, match="not engine='reference'"):
         LLM(path, engine="reference", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_layers applies with"):
-        LLM(path, tensor_parallel_layers="minserve.distributed.layers")
+        LLM(path, plugins=CoursePlugins(tensor_parallel_layers="minserve.distributed.layers"))
 
 
 def test_tp2_built_from_the_chapter_07_solutions_gives_tp1s_tokens(tiny_model, deadline) -> None:
@@ -108,7 +108,7 @@ def test_tp2_built_from_the_chapter_07_solutions_gives_tp1s_tokens(tiny_model, d
     expected = _tokens(LLM(path, num_blocks=64, block_size=4), PROMPTS)
     llm = LLM(
         path, num_blocks=64, block_size=4, tensor_parallel_size=2,
-        tensor_parallel_layers="solutions.ch07_parallel_linear",
+        plugins=CoursePlugins(tensor_parallel_layers="solutions.ch07_parallel_linear"),
     )  # fmt: skip
     try:
         assert _tokens(llm, PROMPTS) == expected

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_paged_attention import Seq, Step, edge_lengths, make_step
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.attention.backends import choose_attention, get_attention_backend
 from minserve.attention.paged_torch import (
     TorchPagedAttention,
@@ -247,7 +247,7 @@ def test_engine_runs_the_decode_kernels_it_is_given(tiny_model) -> None:
     tokens = {}
     for backend, chosen in (("torch", None), ("triton", kernels)):
         llm = LLM(tiny_model("llama"), block_size=4, num_blocks=16, attention_backend=backend,
-                  decode_kernels=chosen)  # fmt: skip
+                  plugins=CoursePlugins(decode_kernels=chosen))  # fmt: skip
         tokens[backend] = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert tokens["triton"] == tokens["torch"]
     assert launches, "the engine never launched the kernel it was given"
@@ -274,7 +274,8 @@ def test_engine_on_chapter_02_solutions_gives_the_torch_backends_tokens(tiny_mod
     tokens = {}
     for backend, chosen in (("torch", None), ("triton", kernels)):
         llm = LLM(tiny_model("llama"), block_size=4, num_blocks=16, attention_backend=backend,
-                  decode_kernels=chosen, max_num_batched_tokens=4)  # fmt: skip
+                  max_num_batched_tokens=4,
+                  plugins=CoursePlugins(decode_kernels=chosen))  # fmt: skip
         outs = llm.generate(prompts, params, use_tqdm=False)
         tokens[backend] = [o.outputs[0].token_ids for o in outs]
     assert tokens["triton"] == tokens["torch"]

@@ -121,15 +121,16 @@ async def run_routed(
     """Fresh replicas (prefix caching on) and a router for `policy` (a name, or a policy
     object such as your own `CacheAware`); the load through it; the replicas' counts.
     A coroutine, so that a notebook can await it on its running event loop."""
-    from minserve.llm import LLM
+    from minserve.engine_args import EngineArgs
+    from minserve.engine_builder import build_engine
     from minserve.router.app import RouterConfig, build_router
     from minserve.server.app import build_server
     from minserve.server.background import BackgroundServer
     from minserve.server.serving import ServerConfig
 
-    llms = [LLM(loaded, enable_prefix_caching=True, num_blocks=num_blocks)
-            for _ in range(replicas)]  # fmt: skip
-    servers = [BackgroundServer(build_server(llm, ServerConfig("model"))) for llm in llms]
+    args = EngineArgs(model=loaded, enable_prefix_caching=True, num_blocks=num_blocks)
+    engines = [build_engine(args) for _ in range(replicas)]
+    servers = [BackgroundServer(build_server(e, ServerConfig("model"))) for e in engines]
     urls = [server.start() for server in servers]
     if isinstance(policy, str):
         name, own = policy, None

@@ -56,11 +56,13 @@ CHAPTERS: tuple[Chapter, ...] = (
             '"""Chapter 00, The model we serve: the decoder\'s math and the sampler\'s filters.\n\n'
             "0.1-0.4 are the model's math (RMSNorm, RoPE, SwiGLU, grouped-query causal\n"
             "attention); plug them into the engine with\n"
-            "`LLM(model_ops=ModelOps.from_module(module))`. 0.5-0.7 are the sampler's filters\n"
-            "(top-k, top-p, min-p): each takes logits [rows, vocab] and one setting per row and\n"
-            "returns new logits in which the tokens it rejects are -inf; plug them in with\n"
-            "`LLM(sampler=Sampler.from_module(module))`. 0.8 is the sampler's repetition,\n"
-            "frequency and presence penalties; `Sampler.from_module` takes it too. 0.9 is\n"
+            "`LLM(plugins=CoursePlugins(model_ops=ModelOps.from_module(module)))`. 0.5-0.7 are\n"
+            "the sampler's filters (top-k, top-p, min-p): each takes logits [rows, vocab] and\n"
+            "one setting per row and returns new logits in which the tokens it rejects are\n"
+            "-inf; plug them in with\n"
+            "`LLM(plugins=CoursePlugins(sampler=Sampler.from_module(module)))`. 0.8 is the\n"
+            "sampler's repetition, frequency and presence penalties; `Sampler.from_module`\n"
+            "takes it too. 0.9 is\n"
             "RoPE's frequencies (with Llama 3's scaling); `ModelOps.from_module` takes it\n"
             "with 0.1-0.4, and the model's rotary embedding uses it.\n"
             '"""\n\n'
@@ -92,7 +94,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             "counts who holds each one; a sequence's `BlockTable` maps its logical blocks to\n"
             "physical ones, shares them on fork and copies a shared last block before writing\n"
             "into it. Plug your classes into the engine with\n"
-            "`LLM(block_allocator_cls=BlockAllocator, block_table_cls=BlockTable)`.\n"
+            "`LLM(plugins=CoursePlugins(block_allocator_cls=BlockAllocator,\n"
+            "block_table_cls=BlockTable))`.\n"
             '"""\n\n'
             "from __future__ import annotations\n\n"
             "from collections import deque\n\n"
@@ -120,7 +123,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             "its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,\n"
             "`paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and\n"
             "`paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with\n"
-            '`LLM(attention_backend="triton", decode_kernels=DecodeKernels.from_module(module))`.\n'
+            '`LLM(attention_backend="triton",\n'
+            "plugins=CoursePlugins(decode_kernels=DecodeKernels.from_module(module)))`.\n"
             "On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by\n"
             "minserve.attention.triton_env).\n"
             '"""\n\n'
@@ -147,7 +151,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             "Each step, running sequences go first (decodes, then prefill chunks), preempting\n"
             "when the KV cache runs out of blocks; then waiting ones are admitted in policy\n"
             "order while the token budget, the seats and the blocks last. Plug your class\n"
-            "into the engine with `LLM(scheduler_cls=Scheduler)`.\n"
+            "into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.\n"
             '"""\n\n'
             "from collections.abc import Callable\n\n"
             "from minserve.config import SchedulerConfig\n"
@@ -185,8 +189,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             "whether a preempted sequence's blocks go to the host swap space or are freed and\n"
             "recomputed (vLLM). `HostSwapSpace`: the account of the host memory swapped-out\n"
             "blocks wait in. Plug yours into the engine with\n"
-            "`LLM(chunk_rule=prefill_chunk, preemption_rule=preemption_mode,\n"
-            "swap_space=0.05, swap_space_cls=HostSwapSpace)`.\n"
+            "`LLM(swap_space=0.05, plugins=CoursePlugins(chunk_rule=prefill_chunk,\n"
+            "preemption_rule=preemption_mode, swap_space_cls=HostSwapSpace))`.\n"
             '"""\n\n'
             "from __future__ import annotations\n\n"
             "from minserve.config import CacheConfig\n"
@@ -208,8 +212,9 @@ CHAPTERS: tuple[Chapter, ...] = (
             "scheduling policy that serves cache hits first.\n\n"
             "A radix tree over token ids at block granularity (SGLang's RadixAttention): you\n"
             "write `match_prefix`, `insert` and `evict`. Plug your class into the engine with\n"
-            "`LLM(enable_prefix_caching=True, prefix_cache_cls=RadixCache)`. Then\n"
-            "`LongestPrefixMatch`, SGLang's longest-prefix-match policy: plug it in with\n"
+            "`LLM(enable_prefix_caching=True,\n"
+            "plugins=CoursePlugins(prefix_cache_cls=RadixCache))`. Then `LongestPrefixMatch`,\n"
+            "SGLang's longest-prefix-match policy: plug it in with\n"
             "`LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`.\n"
             '"""\n\n'
             "import heapq\n"
@@ -278,7 +283,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             "parallel: no communication) or by its input features (row-parallel: one\n"
             "all-reduce). `comm` is the rank's `Communicator` (all_reduce, all_gather,\n"
             "gather). Plug this module into the engine with `LLM(tensor_parallel_size=3,\n"
-            'tensor_parallel_layers="exercises.ch07_parallel_linear")`: every rank builds\n'
+            'plugins=CoursePlugins(tensor_parallel_layers="exercises.ch07_parallel_linear"))`:\n'
+            "every rank builds\n"
             "its shard with your layers, your vocabulary blocks and your `TPLayout`.\n"
             '"""\n\n'
             "from __future__ import annotations  # 7.3 names TPLayout, which 7.5 defines\n\n"
@@ -356,10 +362,10 @@ CHAPTERS: tuple[Chapter, ...] = (
             "stream of text at its first stop string, then `ServerLimits`, the server's\n"
             "refusal of what a request can never get. Plug your policy into the router with\n"
             "`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into\n"
-            "the engine with `LLM(sample_output_cls=SampleOutput,\n"
-            "stop_matcher_cls=StopStringMatcher)`; feed your timings and goodput the records\n"
+            "the engine with `LLM(plugins=CoursePlugins(sample_output_cls=SampleOutput,\n"
+            "stop_matcher_cls=StopStringMatcher))`; feed your timings and goodput the records\n"
             "of a load test (`run_load(...).records`), and your limits into the server with\n"
-            "`build_server(llm, ServerConfig(...), limits_cls=ServerLimits)`.\n"
+            "`build_server(llm.engine, ServerConfig(...), limits_cls=ServerLimits)`.\n"
             '"""\n\n'
             "from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher\n\n"
             "from collections.abc import Sequence\n"
@@ -388,13 +394,15 @@ CHAPTERS: tuple[Chapter, ...] = (
             "(two weights a byte: q_j low, q_(j+16) high), each checked byte for byte against\n"
             "the `gguf` package; 10.3 multiplies by a blocked weight without widening all of it.\n"
             'Plug them into the engine with `LLM(model=<gguf file>, quantization="gguf",\n'
-            "quant_codec=QuantCodec.from_module(module))`: every quantized layer then widens\n"
-            "its blocks with your dequantize functions and multiplies with your matmul. 10.4\n"
-            "quantizes a loaded fp32 model's layers with your quantize functions: serve it with\n"
-            "`LLM(model=loaded, quant_codec=...)`. 10.5 is the int8 KV cache's row: one fp16\n"
-            "scale per token and KV head, q = round(x / scale) in [-127, 127]; plug it in with\n"
-            '`LLM(kv_cache_dtype="int8", kv_codec=KVCodec.from_module(module))`: the engine\n'
-            "then stores and reads every cached key and value with your two functions.\n"
+            "plugins=CoursePlugins(quant_codec=QuantCodec.from_module(module)))`: every\n"
+            "quantized layer then widens its blocks with your dequantize functions and\n"
+            "multiplies with your matmul. 10.4 quantizes a loaded fp32 model's layers with your\n"
+            "quantize functions: serve it with\n"
+            "`LLM(model=loaded, plugins=CoursePlugins(quant_codec=...))`. 10.5 is the int8 KV\n"
+            "cache's row: one fp16 scale per token and KV head, q = round(x / scale) in\n"
+            '[-127, 127]; plug it in with `LLM(kv_cache_dtype="int8",\n'
+            "plugins=CoursePlugins(kv_codec=KVCodec.from_module(module)))`: the engine then\n"
+            "stores and reads every cached key and value with your two functions.\n"
             '"""\n\n'
             "import torch\n"
             "from torch import nn\n\n"

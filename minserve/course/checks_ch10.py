@@ -429,11 +429,17 @@ def check_kv_codec_keeps_the_int8_engine_s_tokens(impl: ModuleType) -> None:
     `LLM(kv_cache_dtype="int8", kv_codec=KVCodec.from_module(module))` stores and reads
     every cached key and value with your pair; the oracle is the same engine on minserve's."""
     from minserve.llm import LLM
+    from minserve.plugins import CoursePlugins
 
     impl.quantize_int8(torch.ones(1, 4))  # a stub stops here, before the model loads
     codec = KVCodec.from_module(impl)
     expected = [list(tokens) for tokens in _int8_reference_tokens()]
-    llm = LLM(_int8_llm().loaded, num_blocks=16, kv_cache_dtype="int8", kv_codec=codec)
+    llm = LLM(
+        _int8_llm().loaded,
+        num_blocks=16,
+        kv_cache_dtype="int8",
+        plugins=CoursePlugins(kv_codec=codec),
+    )
     got = _greedy_tokens(llm)
     for prompt, want, tokens in zip(KV_PROMPTS, expected, got):
         assert tokens == want, (

@@ -38,7 +38,7 @@ from minserve.disagg.wire import recv_json, send_json
 from minserve.distributed.group import IDLE_TIMEOUT
 
 if TYPE_CHECKING:
-    from minserve.llm import LLM
+    from minserve.engine import LLMEngine
 
 READY = "ready"
 
@@ -48,7 +48,7 @@ class ClusterSpec:
     """What every instance needs to start: strings and numbers only, no live objects."""
 
     model: str | None
-    engine_options: tuple[tuple[str, Any], ...]  # LLM keyword arguments, same on every instance
+    engine_options: tuple[tuple[str, Any], ...]  # EngineArgs by name, the same on every instance
     topology: PDTopology
     port: int
     step_timeout_s: float = 600.0
@@ -101,10 +101,12 @@ def instance_main(rank: int, spec: ClusterSpec, status: Any) -> None:
         torch.cuda.set_device(kv_device)  # the engine's "cuda" is this rank's own GPU
     from minserve.disagg.decode_instance import serve_decode_rounds
     from minserve.disagg.prefill_instance import serve_prefill_rounds
-    from minserve.llm import LLM
+    from minserve.engine_args import EngineArgs
+    from minserve.engine_builder import build_engine
 
     try:
-        llm = LLM(spec.model, **dict(spec.engine_options))
+        args = EngineArgs.from_options(model=spec.model, **dict(spec.engine_options))
+        engine = build_engine(args)
     except BaseException:
         status.put(traceback.format_exc())
         return
@@ -112,9 +114,7 @@ def instance_main(rank: int, spec: ClusterSpec, status: Any) -> None:
     control = join_cluster(rank, spec)
     try:
         links = measure_links(rank, spec.topology, kv_device)
-        engine = llm.engine
-        assert engine is not None
-        send_json(hello(llm), PROXY_RANK)
+        send_json(hello(engine), PROXY_RANK)
         if spec.topology.is_prefill(rank):
             serve_prefill_rounds(engine, control, links, spec.transfer_policy, kv_device)
         else:
@@ -128,10 +128,9 @@ def instance_main(rank: int, spec: ClusterSpec, status: Any) -> None:
     os._exit(0)
 
 
-def hello(llm: LLM) -> dict[str, int]:
+def hello(engine: LLMEngine) -> dict[str, int]:
     """An instance's limits, for the proxy to validate prompts before routing them."""
-    assert llm.engine is not None
-    return {"max_model_len": llm.engine.max_model_len, "vocab_size": llm.loaded.config.vocab_size}
+    return {"max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size}
 
 
 def spawn_instances(spec: ClusterSpec, startup_timeout_s: float) -> dict[int, BaseProcess]:

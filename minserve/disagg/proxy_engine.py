@@ -35,6 +35,7 @@ from minserve.disagg.token_deltas import RemoteRequest
 from minserve.disagg.topology import PDTopology
 from minserve.disagg.wire import recv_json, send_json
 from minserve.distributed.group import free_port
+from minserve.engine_args import EngineArgs
 from minserve.errors import RequestsFailedError
 from minserve.model.default_model import default_model_path
 from minserve.model.tokenizer import Tokenizer
@@ -65,6 +66,7 @@ class DisaggregatedEngine:
         path = default_model_path() if model is None else Path(model)
         if not path.exists():
             raise FileNotFoundError(f"model path {path} does not exist")
+        EngineArgs.from_options(model=path, **engine_options)  # refused here, not in 3 processes
         kv_wire = choose_kv_wire(engine_options.get("device", "auto"), self.topology.world_size - 1)
         self.spec = ClusterSpec(
             str(path), tuple(engine_options.items()), self.topology, free_port(),
@@ -76,6 +78,7 @@ class DisaggregatedEngine:
         )
         self.max_model_len = min(h["max_model_len"] for h in hellos.values())
         self.vocab_size = hellos[self.topology.prefill_ranks[0]]["vocab_size"]
+        self.device = None  # the instances' processes run the steps
         self.scheduler_config = proxy_scheduler_config(engine_options, self.topology.num_decode)
         self.alive = set(self.topology.worker_ranks)
         self.requests: dict[str, RemoteRequest] = {}

@@ -1,7 +1,8 @@
 """Rank 0 of a tensor-parallel engine: start the workers, build the engine, stop them.
 
-`LLM(tensor_parallel_size=N)` calls `start`: it spawns N-1 worker processes (on one
-machine: multiprocessing spawn, a free port on 127.0.0.1), joins the group as rank 0,
+`build_engine` (for `LLM(tensor_parallel_size=N)` and `minserve serve
+--tensor-parallel-size N`) calls `start_tensor_parallel`: it spawns N-1 worker processes
+(on one machine: multiprocessing spawn, a free port on 127.0.0.1), joins the group as rank 0,
 loads its own shard, agrees on the KV pool size, and builds the ordinary `LLMEngine` whose
 worker hands every step to the other ranks (`BroadcastPeers`). Under torchrun (RANK and
 WORLD_SIZE set), the workers are already running `worker.torchrun_worker` and nothing is
@@ -37,6 +38,7 @@ from minserve.distributed.worker import (
     spawned_worker,
     start_rank,
 )
+from minserve.engine_args import EngineArgs
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.loader import LoadedModel
 from minserve.model.tokenizer import Tokenizer
@@ -100,8 +102,8 @@ class TensorParallelDriver:
             if got != message:
                 raise WorkerFailedError(got)
 
-    def engine_parts(self, cache_config: CacheConfig) -> dict[str, object]:
-        """Wait for the workers' shards; the `LLMEngine` options for rank 0. The pool size
+    def peers(self, cache_config: CacheConfig) -> BroadcastPeers:
+        """Wait for the workers' shards; rank 0's step peers. The pool size
         is agreed as the engine starts (every rank measures: `pool_size.py`); a byte
         budget that holds no block is refused here, before anything waits on it."""
         model = self.loaded.model
@@ -112,7 +114,7 @@ class TensorParallelDriver:
             self.shutdown()
             raise self.failure(e) from e
 
-        return {"peers": BroadcastPeers(self.group.control, self.failure)}
+        return BroadcastPeers(self.group.control, self.failure)
 
     def failure(self, error: BaseException) -> Exception:
         """A clear error from a collective's failure: which ranks died, and their reports."""
@@ -173,14 +175,17 @@ def tp_spec(model: str | os.PathLike | None, world_size: int, **options: object)
 
 
 def start_tensor_parallel(
-    model: object, world_size: int, engine: str, cache: CacheConfig, **options: object
+    args: EngineArgs, parallel_layers: str | None = None
 ) -> TensorParallelDriver:
-    """Validate `LLM`'s options for tensor parallelism and start the group (rank 0 here)."""
-    if isinstance(model, LoadedModel):
+    """Start the group for `args` (rank 0 here): every rank loads its shard of args.model."""
+    if isinstance(args.model, LoadedModel):
         raise ValueError(
             "tensor_parallel_size > 1 loads each rank's shard from the checkpoint; "
             "pass a model path (or None), not an already loaded model"
         )
-    if engine != "paged":
-        raise ValueError("tensor_parallel_size > 1 runs the paged engine, not engine='reference'")
-    return TensorParallelDriver(tp_spec(model, world_size, block_size=cache.block_size, **options))
+    spec = tp_spec(
+        args.model, args.tensor_parallel_size, block_size=args.block_size, dtype=args.dtype,
+        device=args.device, attention_backend=args.attention_backend,
+        parallel_layers=parallel_layers,
+    )  # fmt: skip
+    return TensorParallelDriver(spec)

@@ -7,7 +7,7 @@ streaming.py     engine deltas -> numbered stream pieces; usage counts
 responses.py     OpenAI response shapes, usage, logprobs
 errors.py        OpenAI error bodies, body-size cap, API key
 metrics.py       Prometheus metrics
-app.py           the routes; build_server(llm, config)
+app.py           the routes; build_server(engine, config)
 background.py    uvicorn in a thread (notebooks, tests, benchmarks)
 cli.py           `minserve serve`
 """

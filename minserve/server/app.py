@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from minserve.llm import LLM
+from minserve.engine_client import EngineClient
 from minserve.server.async_engine import AsyncEngine
 from minserve.server.errors import APIError, check_api_key, install_error_handlers
 from minserve.server.limits import ServerLimits
@@ -29,9 +28,6 @@ from minserve.server.openapi import (
 )
 from minserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from minserve.server.serving import OpenAIServing, ServerConfig, check_model
-
-if TYPE_CHECKING:
-    from minserve.disagg.proxy_engine import DisaggregatedEngine
 
 
 @dataclass
@@ -51,31 +47,24 @@ class Server:
 
 
 def build_server(
-    llm: LLM, config: ServerConfig, max_queued: int = 256, limits_cls: type = ServerLimits
+    engine: EngineClient,
+    config: ServerConfig,
+    max_queued: int = 256,
+    limits_cls: type = ServerLimits,
 ) -> Server:
-    """Wrap an `LLM`'s paged engine (model loaded, KV pool allocated) in the HTTP app.
+    """Wrap an engine in the HTTP app: `build_engine(EngineArgs(...))` (model loaded, KV
+    pool allocated), or a prefill/decode cluster's proxy (docs/distributed.md).
 
     `limits_cls` refuses what a request can never get, as `ServerLimits` (chapter 09)."""
-    if llm.engine is None:
-        raise ValueError("the server needs the paged engine; this LLM runs engine='reference'")
     missing = [m for m in ("check", "check_batch") if not callable(getattr(limits_cls, m, None))]
     if not isinstance(limits_cls, type) or missing:
         raise TypeError(
             f"limits_cls must be a class with check and check_batch, like ServerLimits; "
             f"got {limits_cls!r}"
         )
-    _check_policy(llm.engine.scheduler_config.scheduling_policy, config)
-    engine = AsyncEngine(llm.engine, ServerMetrics(), max_queued, llm.loaded.execution.device)
-    return Server(create_app(engine, llm, config, limits_cls), engine, config)
-
-
-def build_disaggregated_server(
-    cluster: DisaggregatedEngine, config: ServerConfig, max_queued: int = 256
-) -> Server:
-    """The same app over a prefill/decode cluster's proxy (docs/distributed.md)."""
-    _check_policy(cluster.scheduler_config.scheduling_policy, config)
-    engine = AsyncEngine(cluster, ServerMetrics(), max_queued)  # type: ignore[arg-type]
-    return Server(create_app(engine, cluster, config), engine, config)
+    _check_policy(engine.scheduler_config.scheduling_policy, config)
+    loop = AsyncEngine(engine, ServerMetrics(), max_queued, engine.device)
+    return Server(create_app(loop, config, limits_cls), loop, config)
 
 
 def _check_policy(engine_policy: str, config: ServerConfig) -> None:
@@ -87,24 +76,22 @@ def _check_policy(engine_policy: str, config: ServerConfig) -> None:
 
 
 def create_app(
-    engine: AsyncEngine,
-    llm: LLM | DisaggregatedEngine,
-    config: ServerConfig,
-    limits_cls: type = ServerLimits,
+    engine: AsyncEngine, config: ServerConfig, limits_cls: type = ServerLimits
 ) -> FastAPI:
     app = FastAPI(title="minserve", summary="An OpenAI-compatible server over minserve's engine")
     install_error_handlers(app)
-    limits = limits_cls(llm.max_model_len, engine.engine.scheduler_config.max_num_seqs,
-                          engine.capacity, llm.vocab_size)  # fmt: skip
+    driven = engine.engine  # its limits, its tokenizer
+    limits = limits_cls(driven.max_model_len, driven.scheduler_config.max_num_seqs,
+                          engine.capacity, driven.vocab_size)  # fmt: skip
     keyed = config.api_key is not None
     install_openapi(app, limits, config.scheduling_policy == "priority", keyed)
-    serving = OpenAIServing(engine, llm.get_tokenizer(), config, limits)
+    serving = OpenAIServing(engine, driven.get_tokenizer(), config, limits)
     created = int(time.time())
     generation = generation_responses(keyed)
 
     def card() -> dict:
         return {"id": config.model_name, "object": "model", "created": created,
-                "owned_by": "minserve", "max_model_len": llm.max_model_len}  # fmt: skip
+                "owned_by": "minserve", "max_model_len": driven.max_model_len}  # fmt: skip
 
     @app.post("/v1/completions", responses=generation,
               openapi_extra=request_body(CompletionRequest))  # fmt: skip

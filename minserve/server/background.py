@@ -1,6 +1,6 @@
 """Run a server under uvicorn in a background thread: for notebooks, tests and benchmarks.
 
-    with BackgroundServer(build_server(llm, ServerConfig("tiny"))) as url:
+    with BackgroundServer(build_server(llm.engine, ServerConfig("tiny"))) as url:
         OpenAI(base_url=url + "/v1", api_key="none").completions.create(...)
 
 Port 0 asks the OS for a free port, so two servers never collide.

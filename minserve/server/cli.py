@@ -16,6 +16,7 @@ from minserve.speculative.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from minserve.disagg.proxy_engine import DisaggregatedEngine
+    from minserve.engine import LLMEngine
     from minserve.server.app import Server
 
 SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
@@ -93,33 +94,35 @@ def _topology(text: str) -> PDTopology:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from minserve.server.app import build_disaggregated_server, build_server
+    from minserve.server.app import build_server
     from minserve.server.async_engine import EngineStoppedError
     from minserve.server.serving import ServerConfig
 
+    engine: LLMEngine | DisaggregatedEngine
     if args.disaggregation is None:
-        from minserve.llm import LLM
+        from minserve.engine_args import EngineArgs
+        from minserve.engine_builder import build_engine
 
-        log_to_stderr()  # the execution line the LLM logs as it loads
-        llm = LLM(model=args.model, **_engine_options(args))
-        path, build = llm.loaded.path, build_server
+        log_to_stderr()  # the execution line the engine logs as it loads
+        engine = build_engine(EngineArgs.from_options(model=args.model, **_engine_options(args)))
+        path = engine.loaded.path
     else:
-        llm = _start_cluster(args)  # the proxy: rank 0 of the prefill/decode instances
-        path, build = Path(llm.spec.model), build_disaggregated_server
+        engine = _start_cluster(args)  # the proxy: rank 0 of the prefill/decode instances
+        path = Path(engine.spec.model)
     config = ServerConfig(
         model_name=args.served_model_name or served_name(path),
         api_key=args.api_key,
         max_request_bytes=args.max_request_bytes,
         scheduling_policy=args.scheduling_policy,
     )
-    server = build(llm, config, args.max_queued_requests)
+    server = build_server(engine, config, args.max_queued_requests)
     try:
         run_until_stopped(server, args.host, args.port)
     except EngineStoppedError as crashed:  # an orchestrator restarts what exits non-zero
         print(f"minserve: {crashed}; exiting with status 1", file=sys.stderr)
         return 1
     finally:
-        llm.shutdown()  # stops tensor-parallel workers or disaggregated instances, if any
+        engine.shutdown()  # stops tensor-parallel workers or disaggregated instances, if any
     return 0
 
 
@@ -170,7 +173,7 @@ def _start_cluster(args: argparse.Namespace) -> DisaggregatedEngine:
 
 
 def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`LLM`'s keyword arguments from the flags (every instance gets the same)."""
+    """`EngineArgs` by name from the flags (every instance gets the same)."""
     return dict(
         dtype=args.dtype, quantization=args.quantization, max_model_len=args.max_model_len,
         block_size=args.block_size, num_blocks=args.num_blocks,

@@ -1,0 +1,139 @@
+"""`CoursePlugins`: a student's classes, rules and codecs in place of minserve's own.
+
+Each chapter's exercise plugs into the live engine through one of these fields, and the
+engine runs on it exactly as on minserve's part of the same shape:
+
+    LLM(plugins=CoursePlugins(block_allocator_cls=MyAllocator))      # chapter 01
+    LLM(plugins=CoursePlugins(chunk_rule=my_rules.prefill_chunk))     # chapter 04
+
+They are checked once, against the engine's options, before anything loads (`check`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from minserve.attention.contiguous import Attend
+from minserve.attention.triton_decode import DecodeKernels
+from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_table import BlockTable
+from minserve.kvcache.kv_format import KVCodec, check_kv_codec
+from minserve.kvcache.radix_cache import RadixCache
+from minserve.kvcache.swap import HostSwapSpace
+from minserve.loader import LoadedModel
+from minserve.model.ops import ModelOps
+from minserve.model.quant_blocks import QuantCodec
+from minserve.model.quantized_linear import use_quant_codec
+from minserve.model.sampler import Sampler
+from minserve.output_processor import SampleOutput, check_stop_matcher_cls
+from minserve.scheduler.scheduler import Scheduler
+from minserve.stop_strings import StopStringMatcher
+
+if TYPE_CHECKING:
+    from minserve.engine_args import EngineArgs
+
+
+@dataclass(frozen=True)
+class CoursePlugins:
+    """The course's plug-ins (docs/course.md); every field left alone is minserve's own.
+
+    model_ops: `ModelOps.from_module(m)`: the layers' rms_norm, apply_rope and swiglu, and
+    `attend` over each sequence's K/V (chapter 00); set on the loaded model, so an LLM
+    sharing it shares them. sampler: draws each step's tokens (chapter 00).
+    block_allocator_cls, block_table_cls (chapter 01), scheduler_cls (chapter 03),
+    prefix_cache_cls (chapter 05, with enable_prefix_caching), sample_output_cls and
+    stop_matcher_cls (chapter 09), swap_space_cls (chapter 04, with swap_space > 0): a class
+    of the same shape as minserve's. chunk_rule and preemption_rule: chapter 04's two
+    scheduling decisions, as `scheduler.budget.prefill_chunk` and
+    `scheduler.preemption.preemption_mode`. decode_kernels: chapter 02's Triton kernels
+    (with attention_backend="triton"). tensor_parallel_layers: the module, by name, whose
+    parallel layers every rank builds its shard with (chapter 07). quant_codec: chapter 10's
+    block dequantization (with quantization="gguf"); kv_codec: chapter 10's int8 KV
+    arithmetic (with kv_cache_dtype="int8").
+    """
+
+    model_ops: ModelOps | None = None
+    sampler: Sampler | None = None
+    block_allocator_cls: type = BlockAllocator
+    block_table_cls: type = BlockTable
+    scheduler_cls: type = Scheduler
+    prefix_cache_cls: type = RadixCache
+    sample_output_cls: type = SampleOutput
+    stop_matcher_cls: type = StopStringMatcher
+    swap_space_cls: type = HostSwapSpace
+    chunk_rule: Callable[[int, int, bool], int] | None = None
+    preemption_rule: Callable[[int, int, int], str] | None = None
+    decode_kernels: DecodeKernels | None = None
+    tensor_parallel_layers: str | None = None
+    quant_codec: QuantCodec | None = None
+    kv_codec: KVCodec | None = None
+
+    def __post_init__(self) -> None:
+        check_stop_matcher_cls(self.stop_matcher_cls)
+
+    @property
+    def attend(self) -> Attend | None:
+        """A student's attention function, or None for the engine's own backend."""
+        return self.model_ops.attend if self.model_ops is not None else None
+
+    @property
+    def scheduling_rules(self) -> dict[str, Callable[..., Any]]:
+        """The scheduler's decision functions that were given (the others stay minserve's)."""
+        given = {"chunk_rule": self.chunk_rule, "preemption_rule": self.preemption_rule}
+        return {name: rule for name, rule in given.items() if rule is not None}
+
+    def changed(self) -> list[str]:
+        """The names of the fields that differ from minserve's own."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != f.default]
+
+    def check(self, args: EngineArgs) -> None:
+        """Refuse a plug-in the engine these options build would never call."""
+        if args.tensor_parallel_size != 1:
+            given = [n for n in ("model_ops", "quant_codec") if getattr(self, n) is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} runs in one process; leave tensor_parallel_size at 1"
+                )
+        if self.decode_kernels is not None and (
+            args.engine != "paged" or args.tensor_parallel_size != 1
+        ):
+            raise ValueError("decode_kernels runs on the paged engine with one process only")
+        check_kv_codec(args.kv_cache_dtype, self.kv_codec)
+        if self.tensor_parallel_layers is not None and args.tensor_parallel_size == 1:
+            raise ValueError("tensor_parallel_layers applies with tensor_parallel_size > 1")
+        paged_only = [name for name in self.changed() if name in PAGED_ENGINE_PLUGINS] + list(
+            self.scheduling_rules
+        )
+        if paged_only and args.engine != "paged":
+            raise ValueError(
+                f"{', '.join(paged_only)} plugs into the paged engine; "
+                f"engine={args.engine!r} has none"
+            )
+        if self.prefix_cache_cls is not RadixCache and not args.enable_prefix_caching:
+            raise ValueError("prefix_cache_cls is used only with enable_prefix_caching=True")
+        if self.swap_space_cls is not HostSwapSpace and args.swap_space <= 0:
+            raise ValueError("swap_space_cls is used only with swap_space > 0 (GiB of host memory)")
+
+    def install(self, loaded: LoadedModel) -> None:
+        """Set the model's ops (the student's, or its platform's) and its block codec."""
+        loaded.model.use_ops(self.model_ops or loaded.platform.ops)
+        if use_quant_codec(loaded.model, self.quant_codec) == 0 and self.quant_codec is not None:
+            raise ValueError(
+                'quant_codec widens GGUF blocks; load a .gguf model with quantization="gguf"'
+            )
+
+
+# the plug-ins only the paged engine calls (its KV cache manager, scheduler, swap space)
+PAGED_ENGINE_PLUGINS = (
+    "block_allocator_cls", "block_table_cls", "scheduler_cls", "prefix_cache_cls",
+    "swap_space_cls",
+)  # fmt: skip
+
+
+NO_PLUGINS = CoursePlugins()  # minserve's own parts everywhere
+
+
+def plugin_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(CoursePlugins))
