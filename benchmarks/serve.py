@@ -135,7 +135,9 @@ def run_once(peer: str, endpoint: Endpoint, rate: float, repeat: int, args) -> d
         "request_goodput"
     ]
     report["load_average"] = round(os.getloadavg()[0], 2)
-    report["ttft_ms_by_request"] = [round(r.ttft * 1e3) for r in result.records]
+    # None: the request got no token (refused with a 503 under overload, or failed)
+    report["ttft_ms_by_request"] = [round(r.ttft * 1e3) if r.success else None
+                                    for r in result.records]  # fmt: skip
     del report["records"]  # the rest of each record is in the summary
     print(markdown([report]).splitlines()[-1], flush=True)
     return report

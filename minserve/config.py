@@ -72,8 +72,15 @@ class SchedulerConfig:
     # a name, or a class (any callable) built from the KV cache manager that returns the
     # policy's sort key: `LLM(scheduling_policy=LongestPrefixMatch)` (chapter 05)
     scheduling_policy: str | Callable[[Any], Callable[[Any], tuple]] = "fcfs"
+    # Under overload (docs/server.md): targets in ms, None or 0 for off (the default, so the
+    # offline LLM batches as before). target_tpot_ms: the mean step time decodes should see;
+    # prompt chunks beside them shrink to keep it (`scheduler/step_time.py`).
+    # target_ttft_ms: the server refuses (503) a request predicted to start later than this.
+    target_tpot_ms: float | None = None
+    target_ttft_ms: float | None = None
 
     def __post_init__(self) -> None:
+        self._check_targets()
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
@@ -86,6 +93,17 @@ class SchedulerConfig:
             raise ValueError(
                 f"unknown scheduling_policy {self.scheduling_policy!r}; "
                 f"choose one of {', '.join(SCHEDULING_POLICIES)}"
+            )
+
+    def _check_targets(self) -> None:
+        for name in ("target_tpot_ms", "target_ttft_ms"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of ms >= 0 (0: off), got {value}")
+        if self.target_tpot_ms and not self.enable_chunked_prefill:
+            raise ValueError(
+                "target_tpot_ms shrinks prompt chunks to keep the step time; it needs "
+                "enable_chunked_prefill=True"
             )
 
 

@@ -55,6 +55,7 @@ from minserve.request import Request, StopRules, validate_params, validate_promp
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.draft_planner import DraftPlanner
 from minserve.scheduler.sequence import Sequence
+from minserve.scheduler.step_time import scheduler_class
 from minserve.step_timings import PhaseClock, StepTimings
 from minserve.worker.memory import GIB, measure_kv_cache_budget
 from minserve.worker.pool_size import PoolPeers, PoolRequest
@@ -195,7 +196,8 @@ class LLMEngine:
             )  # fmt: skip
         self.rules = StopRules(loaded.eos_token_ids, self.max_model_len)
         drafts = DraftPlanner(args.speculative) if args.speculative is not None else None
-        self.scheduler = plugins.scheduler_cls(  # scheduling_rules: chapter 04's chunk_rule, ...
+        scheduler_cls = scheduler_class(scheduler_config, plugins.scheduler_cls)  # overload
+        self.scheduler = scheduler_cls(  # scheduling_rules: chapter 04's chunk_rule, ...
             scheduler_config, self.kv, self.rules, drafts, **plugins.scheduling_rules
         )
         self.output_processor = OutputProcessor(

@@ -58,6 +58,11 @@ class EngineArgs:
     # vLLM's dict: {"method": "ngram", "num_speculative_tokens": 4} (docs/speculative.md)
     speculative_config: dict[str, Any] | None = None
     engine: str = "paged"
+    # under overload: the step time decodes keep, the first-token time a request must be
+    # predicted to get (docs/server.md, "Under overload"); None or 0: off (`minserve serve`
+    # turns both on)
+    target_tpot_ms: float | None = None
+    target_ttft_ms: float | None = None
     cache: CacheConfig = field(init=False, repr=False, compare=False)
     scheduler: SchedulerConfig = field(init=False, repr=False, compare=False)
     speculative: SpeculativeConfig | None = field(init=False, repr=False, compare=False)
@@ -77,7 +82,7 @@ class EngineArgs:
         )  # fmt: skip
         scheduler = SchedulerConfig(
             self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
-            self.scheduling_policy,
+            self.scheduling_policy, self.target_tpot_ms, self.target_ttft_ms,
         )  # fmt: skip
         speculative = (
             SpeculativeConfig.from_dict(self.speculative_config)

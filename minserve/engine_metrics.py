@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from minserve.kvcache.manager import KVCacheManager
 from minserve.scheduler.scheduler import Scheduler, SchedulerStats
+from minserve.scheduler.step_time import StepTimeScheduler
 from minserve.step_timings import StepTimings
 
 
@@ -30,7 +31,8 @@ def engine_metrics(
     counters: EngineCounters, scheduler: Scheduler, kv: KVCacheManager, timings: StepTimings
 ) -> dict[str, float]:
     """Engine counters and gauges: requests, preemptions and swaps, tokens, KV usage, the
-    prefix cache, speculative decoding and where step time went."""
+    prefix cache, speculative decoding, where step time went and, with a step-time target,
+    the step cost model and the prefill rate."""
     stats, swap = scheduler.stats, kv.swap
     return {
         "num_steps": counters.num_steps,
@@ -54,6 +56,7 @@ def engine_metrics(
         "block_size": kv.block_size,
         **prefix_cache_metrics(stats, kv),
         **(scheduler.drafts.metrics() if scheduler.drafts is not None else {}),
+        **(scheduler.step_time_metrics() if isinstance(scheduler, StepTimeScheduler) else {}),
         **{f"step_seconds_{name}": value for name, value in asdict(timings).items()},
     }
 

@@ -149,3 +149,22 @@ def test_a_fixed_row_count_is_set_without_measuring(monkeypatch) -> None:
 def test_measure_times_both_paths_on_real_layers() -> None:
     packed, kernel = linear_choice.measure(list(stack()), rows=2, passes=2)
     assert packed > 0 and kernel > 0
+
+
+def test_a_widened_layer_is_timed_against_its_widened_product_and_cached_apart(monkeypatch):
+    """The few-row limit of a bfloat16 layer that widens is measured against the widened
+    fp32 product (not oneDNN's), and kept under a key of its own."""
+    timed = []
+
+    def fake_measure(linears, rows):
+        x = torch.randn(rows, linears[0].in_features, dtype=torch.bfloat16)
+        timed.append(linears[0].many_rows(x).dtype)  # what `measure` runs for many rows
+        return (1.0, 0.5)
+
+    monkeypatch.setattr(linear_choice, "measure", fake_measure)
+    layer = PackedLinear(nn.Linear(64, 64).to(torch.bfloat16), widen=True)
+    tune_kernel_rows(layer)
+    assert timed == [torch.bfloat16] * 5
+    shape = (64, 64, torch.bfloat16, True)
+    assert linear_choice.choice_key(shape, "widen").endswith("|vs=widen")
+    assert linear_choice.choice_key(shape) != linear_choice.choice_key(shape, "widen")

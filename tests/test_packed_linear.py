@@ -116,3 +116,51 @@ def test_padded_rows_do_not_change_the_real_rows():
         )
         torch.testing.assert_close(out[:100], packed(x[:100]), rtol=2e-5, atol=1e-5)
     assert out.shape == (129, 48) and out.is_contiguous()
+
+
+@pytest.mark.parametrize("rows", [1, 40, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_widened_bfloat16_linear_is_the_fp32_product_of_its_bfloat16_values(rows, bias):
+    """Without a native bfloat16 product the layer widens its bfloat16 weight for each call:
+    exactly the fp32 product of the same values, rounded once; within bfloat16's rounding
+    of torch's own bfloat16 product; its memory stays the bfloat16 weight."""
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias).to(torch.bfloat16)
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    layer = PackedLinear(linear, widen=True)
+    assert layer.widen and layer.packed is None and layer.packed_as == "widen"
+    with torch.inference_mode():
+        got = layer(x)
+        exact = F.linear(x.float(), linear.weight.float())
+        if bias:
+            exact = exact + linear.bias.float()
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, exact.to(torch.bfloat16), rtol=0, atol=0)
+        rtol, atol = TOLERANCE[torch.bfloat16]
+        torch.testing.assert_close(
+            got, F.linear(x, linear.weight, linear.bias), rtol=rtol, atol=atol
+        )
+
+
+def test_widen_leaves_fp32_weights_to_onednn_and_keeps_the_few_row_kernel():
+    fp32 = PackedLinear(nn.Linear(64, 64), widen=True)
+    assert not fp32.widen and fp32.packed_as == "oneDNN"
+    bf16 = PackedLinear(nn.Linear(64, 64).to(torch.bfloat16), widen=True)
+    bf16.use_rows_kernel(8)
+    assert bf16.kernel(8).kind == "rows" and bf16.kernel(9).kind == "widen"
+    bf16.use_rows_kernel(0)
+    assert bf16.kernel(1).kind == "widen"  # many rows' kernel kept for every count
+
+
+def test_a_large_widened_weight_is_widened_a_tile_at_a_time_with_the_same_product(monkeypatch):
+    from minserve.kernels import linear_kernels
+
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 1000, bias=True).to(torch.bfloat16)
+    x = torch.randn(40, 64, dtype=torch.bfloat16)
+    layer = PackedLinear(linear, widen=True)
+    with torch.inference_mode():
+        whole = layer(x)
+        monkeypatch.setattr(linear_kernels, "WIDEN_TILE_BYTES", 256 * 4 * 64)  # 4 tiles
+        tiled = layer(x)
+    torch.testing.assert_close(tiled, whole, rtol=8e-3, atol=1e-5)  # one bf16 ulp at most

@@ -55,7 +55,8 @@ async def send(
     try:
         async with client.stream("POST", endpoint.base_url + path, json=body,
                                  headers=endpoint.headers) as response:  # fmt: skip
-            if response.status_code != 200:
+            record.status = response.status_code
+            if response.status_code != 200:  # a 503 under overload: it met no SLO
                 record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return record, ""
             async for line in response.aiter_lines():

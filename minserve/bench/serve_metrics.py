@@ -6,7 +6,8 @@ TPOT     (E2E - TTFT) / (output tokens - 1), for requests with more than one tok
 E2E      last chunk - request sent
 request throughput = completed / duration;  output throughput = output tokens / duration
 goodput  = requests meeting every SLO (`ttft:ms`, `tpot:ms`, `e2el:ms`) / duration;
-           a one-token request counts TPOT as 0, as vLLM does
+           a one-token request counts TPOT as 0, as vLLM does; a failed request (a 503 the
+           server answered under overload among them: `refused`) meets none
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class RequestRecord:
     latency: float = 0.0
     success: bool = False
     error: str = ""
+    status: int = 0  # the HTTP status (0: no response); a 503 is a request the server refused
 
     sent_at: float = 0.0  # when the request went out
     chunk_at: list[float] = field(default_factory=list)  # when each chunk with a choice came
@@ -136,6 +138,7 @@ def summarize(
         "duration_s": duration_s,
         "completed": len(done),
         "failed": len(records) - len(done),
+        "refused": sum(r.status == 503 for r in records),
         "total_input_tokens": input_tokens,
         "total_output_tokens": output_tokens,
         "request_throughput": len(done) / duration_s,

@@ -27,6 +27,7 @@ from minserve.engine_client import EngineClient
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.outputs import RequestOutput
 from minserve.sampling_params import SamplingParams
+from minserve.server.admission import Admission, AdmissionConfig, RequestRefusedError, Work
 from minserve.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,9 @@ class AsyncEngine:
     max_queued: requests accepted beyond the engine's seats (max_num_seqs) before new ones
     are refused with EngineOverloadedError: a bounded waiting queue. device: the engine's
     device; the loop makes it the current one in its own thread first (CUDA's current
-    device is per thread, and a new thread starts on GPU 0).
+    device is per thread, and a new thread starts on GPU 0). admission: the targets past
+    which a request is refused at arrival (RequestRefusedError, `admission.py`); by default
+    the engine's `target_ttft_ms` and `target_tpot_ms`.
     """
 
     def __init__(
@@ -117,10 +120,13 @@ class AsyncEngine:
         metrics: ServerMetrics,
         max_queued: int = 256,
         device: torch.device | None = None,
+        admission: AdmissionConfig | None = None,
     ) -> None:
         self.engine, self.metrics = engine, metrics
         self.device = device
         self.capacity = engine.scheduler_config.max_num_seqs + max_queued
+        targets = admission or AdmissionConfig.from_config(engine.scheduler_config)
+        self.admission = Admission(targets) if targets is not None else None
         self.stats: dict[str, float] = engine.get_metrics()  # a snapshot, replaced each loop
         metrics.set_engine_stats(self.stats)  # the pool's size is known before the loop runs
         metrics.count_in_flight(lambda: self.num_in_flight)
@@ -178,13 +184,13 @@ class AsyncEngine:
         """Queue one engine request per (text, token ids); raise at once if any is refused."""
         if not self.is_running:
             raise EngineStoppedError("the engine loop is not running")
-        self._reserve(len(prompts))
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
         prefix = f"req-{next(self._ids)}"
         adds = [
             _Add(f"{prefix}-{i}", text, ids, params, priority, sink, time.monotonic())
             for i, (text, ids) in enumerate(prompts)
         ]
+        self._reserve(adds)
         for add in adds:
             self._inbox.put(add)
         stream = RequestStream(self, [a.request_id for a in adds], sink)
@@ -204,18 +210,29 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
-    def _reserve(self, count: int) -> None:
+    def _reserve(self, adds: list[_Add]) -> None:
+        """Count the requests in flight, or refuse them all: past the capacity, or past a
+        target (admission)."""
         with self._lock:
-            if self._in_flight + count > self.capacity:
+            if self._in_flight + len(adds) > self.capacity:
+                self.metrics.refused.labels(reason="capacity").inc()
                 raise EngineOverloadedError(
                     f"server is overloaded: {self._in_flight} requests in flight, at most "
                     f"{self.capacity} (max_num_seqs + max_queued); retry later"
                 )
-            self._in_flight += count
+            if self.admission is not None:
+                try:
+                    self.admission.admit({a.request_id: _work(a) for a in adds}, self.stats)
+                except RequestRefusedError as refused:
+                    self.metrics.refused.labels(reason=refused.reason).inc()
+                    raise
+            self._in_flight += len(adds)
 
-    def _release(self) -> None:
+    def _release(self, request_id: str) -> None:
         with self._lock:
             self._in_flight -= 1
+        if self.admission is not None:
+            self.admission.release(request_id)
 
     # --- the engine thread ---
 
@@ -240,7 +257,7 @@ class AsyncEngine:
         self._fail_all(stopped)
         for command in self._commands(wait=False):
             if isinstance(command, _Add):
-                self._release()
+                self._release(command.request_id)
                 command.accepted.set_exception(stopped)
 
     def _serve_forever(self) -> None:
@@ -277,7 +294,7 @@ class AsyncEngine:
             if self._sinks.pop(command.request_id, None) is not None:
                 self.engine.abort_request(command.request_id)
                 self.metrics.forget(command.request_id)
-                self._release()
+                self._release(command.request_id)
             return
         try:
             self.engine.add_request(
@@ -285,7 +302,7 @@ class AsyncEngine:
                 command.params, command.priority,
             )  # fmt: skip
         except Exception as error:  # bad prompt: the handler answers 400
-            self._release()
+            self._release(command.request_id)
             command.accepted.set_exception(error)
             return
         self._sinks[command.request_id] = command.sink
@@ -306,12 +323,14 @@ class AsyncEngine:
         now = time.monotonic()
         for output in outputs:
             self.metrics.observe(output, now)
+            if self.admission is not None:
+                self.admission.prefilled(output.request_id)
             sink = self._sinks.get(output.request_id)
             if sink is None:
                 continue
             if output.finished:
                 del self._sinks[output.request_id]
-                self._release()
+                self._release(output.request_id)
             sink.put(output)
 
     def _fail_alone(self, lost: RequestsFailedError) -> None:
@@ -350,7 +369,7 @@ class AsyncEngine:
                 continue
             self.engine.abort_request(request_id)
             self.metrics.forget(request_id)
-            self._release()
+            self._release(request_id)
             sinks.append(sink)
         return sinks
 
@@ -358,3 +377,11 @@ class AsyncEngine:
     def _send(sinks: list[_Sink], error: BaseException) -> None:
         for sink in sinks:
             sink.put(error)
+
+
+def _work(add: _Add) -> Work:
+    """What a request adds to the server's work: n sequences, each decoding over its prompt
+    and up to max_tokens, and a prompt to prefill once."""
+    prompt, params = len(add.prompt_token_ids), add.params
+    context = params.n * (prompt + (params.max_tokens or 0))
+    return Work(params.n, context, prompt)

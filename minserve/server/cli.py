@@ -55,6 +55,12 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (local processes)")
     p.add_argument("--max-queued-requests", type=int, default=256,
                    help="requests accepted beyond max-num-seqs; more get 503")  # fmt: skip
+    p.add_argument("--target-tpot-ms", type=float, default=80.0,
+                   help="under overload: the mean step time decodes keep (prompt chunks "
+                   "shrink; admission refuses what would exceed it); 0: off")  # fmt: skip
+    p.add_argument("--target-ttft-ms", type=float, default=800.0,
+                   help="under overload: refuse (503, Retry-After) a request predicted to "
+                   "get its first token later; 0: off")  # fmt: skip
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies: 413")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help=f"speculative decoding, e.g. '{SPECULATIVE_EXAMPLE}'")  # fmt: skip
@@ -185,4 +191,5 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         scheduling_policy=args.scheduling_policy, attention_backend=args.attention_backend,
         tensor_parallel_size=args.tensor_parallel_size,
         speculative_config=speculative_config(args.speculative_config),
+        target_tpot_ms=args.target_tpot_ms, target_ttft_ms=args.target_ttft_ms,
     )  # fmt: skip

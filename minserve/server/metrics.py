@@ -8,7 +8,8 @@ Latencies are histograms observed by the engine thread as tokens come out:
     E2E   finish - arrival
 
 Engine gauges and counters (running, waiting, KV usage, preemptions, tokens, and with
-speculative decoding on, drafts and accepted tokens) are read from the engine's latest
+speculative decoding on, drafts and accepted tokens; with a step-time or TTFT target, the
+steps capped, the prefill rate and the step cost model) are read from the engine's latest
 `get_metrics()` snapshot when Prometheus scrapes; the engine thread retakes it after every
 change. When no request is in flight, free + evictable blocks = total blocks: a block
 counted in neither is held by a request that should be gone.
@@ -50,7 +51,21 @@ COUNTERS = {
     "num_steps": ("engine_steps", "Engine steps run"),
     "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
-}
+    "num_steps_capped": ("engine_steps_capped", "Steps that ran fewer prompt tokens than were "
+                         "waiting, to keep the step-time target"),
+}  # fmt: skip
+# with a step-time or TTFT target (exported only then): what the engine measured
+STEP_TIME_GAUGES = {
+    "prefill_tokens_per_second": ("prefill_tokens_per_second",
+                                  "Prompt tokens computed per second while prompts waited"),
+    "step_cost_fixed_seconds": ("step_cost_fixed_seconds", "Step cost model: seconds per step"),
+    "step_cost_prefill_seconds": ("step_cost_prefill_seconds",
+                                  "Step cost model: extra seconds of a step with a prompt chunk"),
+    "step_cost_per_token_seconds": ("step_cost_per_token_seconds",
+                                    "Step cost model: seconds per token run"),
+    "step_cost_per_context_token_seconds": ("step_cost_per_context_token_seconds",
+                                            "Step cost model: seconds per context token"),
+}  # fmt: skip
 # speculative decoding (exported only when it is on): acceptance = accepted / draft tokens
 SPEC_GAUGES = {
     "spec_decode_acceptance_rate": ("spec_decode_acceptance_rate",
@@ -82,7 +97,9 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         speculating = "spec_decode_num_draft_tokens" in self.stats
-        gauges = {**GAUGES, **(SPEC_GAUGES if speculating else {})}
+        timing = "step_cost_fitted" in self.stats  # a step-time or TTFT target is set
+        gauges = {**GAUGES, **(SPEC_GAUGES if speculating else {}),
+                  **(STEP_TIME_GAUGES if timing else {})}  # fmt: skip
         counters = {**COUNTERS, **(SPEC_COUNTERS if speculating else {})}
         for key, (name, text) in gauges.items():
             yield GaugeMetricFamily(PREFIX + name, text, value=self.stats.get(key, 0))
@@ -108,6 +125,12 @@ class ServerMetrics:
         self.in_flight = Gauge(PREFIX + "num_requests_in_flight", "Requests the HTTP layer holds "
                                "(accepted, not finished or aborted); past max_num_seqs + "
                                "max_queued, new ones get 503", registry=self.registry)  # fmt: skip
+        self.refused = Counter(PREFIX + "request_refused", "Requests refused at arrival (503), by "
+                               "reason: capacity (past max_num_seqs + max_queued), ttft or "
+                               "tpot (admission's targets)", ["reason"],
+                               registry=self.registry)  # fmt: skip
+        for reason in ("capacity", "ttft", "tpot"):
+            self.refused.labels(reason=reason)  # exported from the start, at 0
         self._timings: dict[str, _Timing] = {}
 
     def count_in_flight(self, read: Callable[[], int]) -> None:

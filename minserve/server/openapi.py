@@ -32,7 +32,8 @@ WHEN = {
     413: "The body is larger than --max-request-bytes",
     415: "The body is not declared as JSON (Content-Type: application/json)",
     500: "The engine failed while generating; the request was aborted",
-    503: "The server is overloaded (retry later) or its engine loop has stopped",
+    503: "The server is overloaded (retry later; a request refused to keep its TTFT or TPOT "
+    "target says when, in Retry-After) or its engine loop has stopped",
 }
 
 
@@ -58,6 +59,9 @@ def errors(*statuses: int, keyed: bool = False) -> dict[int | str, dict[str, Any
         if status == 401:
             header = {"description": "Bearer", "schema": {"type": "string"}}
             out[status]["headers"] = {"WWW-Authenticate": header}
+        if status == 503:  # admission's refusals say when to come back (docs/server.md)
+            wait = {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}
+            out[status]["headers"] = {"Retry-After": wait}
     return out
 
 

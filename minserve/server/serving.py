@@ -23,6 +23,7 @@ from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.policy import priority_value
+from minserve.server.admission import RequestRefusedError
 from minserve.server.async_engine import (
     AsyncEngine,
     EngineOverloadedError,
@@ -131,6 +132,9 @@ class OpenAIServing:
             raise APIError(400, str(e), param="prompt", code="context_length_exceeded") from e
         except ValueError as e:
             raise APIError(400, str(e), param="prompt") from e
+        except RequestRefusedError as e:  # it would miss a target: say when to come back
+            retry = {"Retry-After": str(e.retry_after_s)}
+            raise APIError(503, str(e), code="server_overloaded", headers=retry) from e
         except (EngineOverloadedError, EngineStoppedError) as e:
             raise APIError(503, str(e), code="server_overloaded") from e
 

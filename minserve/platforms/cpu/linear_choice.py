@@ -62,12 +62,13 @@ def time_pass(fn: Callable[[], object]) -> float:
 
 
 def measure(linears: list[PackedLinear], rows: int, passes: int = PASSES) -> tuple[float, float]:
-    """Median seconds of one pass over the layers: (oneDNN packed, few-row kernel), in turns."""
+    """Median seconds of one pass over the layers: (the kernel for many rows: oneDNN packed
+    or the widened product, few-row kernel), in turns."""
     xs = [torch.randn(rows, layer.in_features, dtype=layer.weight.dtype) for layer in linears]
 
     def packed() -> None:
         for layer, x in zip(linears, xs):
-            torch.ops.mkldnn._linear_pointwise(x, layer.packed, layer._bias, "none", [], "")
+            layer.many_rows(x)
 
     def kernel() -> None:
         for layer, x in zip(linears, xs):
@@ -87,11 +88,13 @@ def kernel_applies(layer: PackedLinear) -> bool:
     return cpu_ops.linear_applies(layer._weight, layer._weight)
 
 
-def choice_key(shape: Shape) -> str:
-    """What a measured choice depends on: the CPU, torch's threads, the layer's shape."""
+def choice_key(shape: Shape, against: str = "oneDNN") -> str:
+    """What a measured choice depends on: the CPU, torch's threads, the layer's shape, and
+    the kernel for many rows the few-row kernel was timed against (oneDNN unless named)."""
     in_features, out_features, dtype, bias = shape
     layer = f"{in_features}x{out_features}:{str(dtype).removeprefix('torch.')}:{int(bias)}"
-    return f"{cpu_model()}|threads={torch.get_num_threads()}|{layer}"
+    versus = "" if against == "oneDNN" else f"|vs={against}"
+    return f"{cpu_model()}|threads={torch.get_num_threads()}|{layer}{versus}"
 
 
 def cpu_model() -> str:
@@ -139,7 +142,7 @@ def tune_kernel_rows(
     known = cache.read() if cache is not None else {}
     chosen = {}
     for shape, linears in groups.items():
-        key = choice_key(shape)
+        key = choice_key(shape, linears[0].packed_as)
         if not kernel_applies(linears[0]):
             chosen[shape] = 0
         elif rows != MEASURED:

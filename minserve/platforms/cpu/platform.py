@@ -7,8 +7,10 @@ built, the dtype, the environment's switches) and from what this CPU has:
   else minserve's torch ops;
 - linears: each weight packed once, for oneDNN or, on a CPU with AVX512-BF16 but no AMX, in
   panels of bfloat16 pairs for minserve's own kernel (on AMX oneDNN's tiles multiply
-  faster); a decode's few rows go to the few-row kernel up to a row count measured once per
-  machine (`linear_choice.py`); quantized layers read their blocks in C (`linears.py`);
+  faster); on a CPU with neither, a bfloat16 weight is widened to fp32 for each product of
+  many rows (oneDNN only emulates bfloat16 there); a decode's few rows go to the few-row
+  kernel up to a row count measured once per machine (`linear_choice.py`); quantized
+  layers read their blocks in C (`linears.py`);
 - runner: `CpuModelRunner`, with the C decode loop and the greedy head screen.
 """
 
@@ -67,7 +69,8 @@ def set_up_cpu(net: CausalLM, execution: ExecutionConfig) -> tuple[ExecutionConf
     execution = replace(execution, ops="c-kernels" if c_ops else "torch")
     if not execution.prepack:
         return execution, CpuPlatform(ops=ops)
-    prepack_linears(net, panels=execution.c_kernels and panels_win(native_bf16()))
+    native = native_bf16()
+    prepack_linears(net, panels=execution.c_kernels and panels_win(native), widen=native is None)
     # oneDNN or the few-row C kernel for a decode's rows, per layer shape, on this CPU
     # (layers packed in panels take their own kernel at every row count)
     cache = ChoiceCache(execution.kernel_cache / "linear_rows.json")
@@ -85,9 +88,9 @@ def set_up_cpu(net: CausalLM, execution: ExecutionConfig) -> tuple[ExecutionConf
 
 
 def packed_as(net: torch.nn.Module) -> str:
-    """How the linears were packed: "panels", "oneDNN" or "panels+oneDNN"."""
-    kinds = {m.panels for m in net.modules() if isinstance(m, PackedLinear)}
-    return "+".join(name for on, name in ((True, "panels"), (False, "oneDNN")) if on in kinds)
+    """How the linears were packed: "panels", "widen", "oneDNN" or a mix ("panels+oneDNN")."""
+    kinds = {m.packed_as for m in net.modules() if isinstance(m, PackedLinear)}
+    return "+".join(name for name in ("panels", "widen", "oneDNN") if name in kinds)
 
 
 def shape_name(shape: Shape) -> str:
