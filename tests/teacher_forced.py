@@ -14,18 +14,20 @@ The tolerance: each path rounds every layer's output to bfloat16 (8 significant 
 relative step of 2**-8) at its own points, so after 30 layers the final hidden states
 differ by a step or two per element, and a logit, a sum of 576 such products, moves by a
 few bfloat16 steps at its own size: for SmolLM2's top logits, between 16 and 32, a step is
-1/8. A log-probability (the logit less the log-sum-exp) is allowed four steps: 0.5.
+1/8. A log-probability (the logit less the log-sum-exp) is allowed five steps: 0.625.
 Measured on SmolLM2 over 4 prompts x 24 tokens on an AVX-512 Xeon: the C kernels against
-torch differ by at most 0.22, bfloat16 against float32 by at most 0.14; a kernel that
-swaps the input pairs of one layer's down_proj moves them by 1 to 4.7, of every layer's by
-more than 20.
+torch differ by at most 0.22, bfloat16 against float32 by at most 0.14; on a Xeon without
+a native bfloat16 product (the linears' products widened to fp32), C attention against
+torch's by up to 0.504 over 2 prompts x 16 tokens (0.395 with oneDNN's emulated bfloat16
+products), one logit four steps apart; a kernel that swaps the input pairs of one layer's
+down_proj moves them by 1 to 4.7, of every layer's by more than 20.
 """
 
 from __future__ import annotations
 
 from minserve import LLM, SamplingParams
 
-BF16_LOGPROB_TOLERANCE = 0.5  # four bfloat16 steps of a logit between 16 and 32 (1/8 each)
+BF16_LOGPROB_TOLERANCE = 0.625  # five bfloat16 steps of a logit between 16 and 32 (1/8 each)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a"]
 TOP = 5  # alternatives scored at each step besides the path's own token
 
