@@ -288,9 +288,10 @@ def test_a_removed_fingerprint_counts_as_edited(course):
 def test_report_for_the_solutions_is_all_ticks():
     code, report = _report("00", "solutions")
     checks = len(get_chapter("00").load_checks())
+    exercises = len(chapter_exercises(get_chapter("00")))
     assert code == 0
     assert report.startswith("Chapter 00: The model we serve\nchecking solutions/ch00_model.py")
-    assert report.count("  ✓ ") == checks and "✗" not in report
+    assert report.count("  ✓ ") == checks + exercises and "✗" not in report  # a line each
     assert f"{checks}/{checks} checks passed." in report
 
 
@@ -304,10 +305,11 @@ def test_report_for_untouched_exercises_says_not_implemented_yet():
     assert "not implemented yet (Exercise 0.1)" in report
     assert "✓" not in report and "✗" not in report
     assert f"0/{checks} checks passed." in report
-    assert "Hint: next is Exercise 0.1: RMSNorm, in exercises/ch00_model.py" in report
+    assert "Next: Exercise 0.1: RMSNorm, in exercises/ch00_model.py" in report
+    assert "`minserve check 00 0.1`" in report and "`minserve hint 00 0.1`" in report
 
 
-def test_a_brief_report_gives_the_count_and_the_next_step_without_a_line_per_check(tmp_path):
+def test_a_brief_report_gives_the_exercises_and_the_next_step_without_a_line_per_check(tmp_path):
     full, brief = io.StringIO(), io.StringIO()
     root = _student_root(tmp_path, WRONG_TOP_K)
     assert (
@@ -316,9 +318,9 @@ def test_a_brief_report_gives_the_count_and_the_next_step_without_a_line_per_che
         == 1
     )
     checks = len(get_chapter("00").load_checks())
-    assert full.getvalue().count("\n  ✓ ") + full.getvalue().count("\n  ✗ ") > 0
-    assert "✓" not in brief.getvalue() and "○" not in brief.getvalue()
-    summary = full.getvalue()[full.getvalue().index("\nFirst failure:") :]
+    assert "  ✗ k = 2 keeps the two largest logits" in full.getvalue()
+    assert "  ✗ k = 2 keeps the two largest logits" not in brief.getvalue()
+    summary = full.getvalue()[full.getvalue().index("\n  ○ 0.1 RMSNorm: ") :]
     assert brief.getvalue().endswith(summary) and f"/{checks} checks passed." in summary
 
 
@@ -373,19 +375,19 @@ def _student_root(tmp_path: Path, code: str) -> Path:
 def test_report_for_a_wrong_value_shows_expected_vs_got_and_the_students_line(tmp_path):
     code, report = _report("00", root=_student_root(tmp_path, WRONG_TOP_K))
     assert code == 1
-    first_failure = report.split("First failure: ", 1)[1]
+    first_failure = report.split("0.5, first failure: ", 1)[1]
     assert "  ✗ k = 2 keeps the two largest logits" in report
     assert "expected to keep tokens [1, 2], got [1, 2, 3]" in first_failure
     assert "exercises/ch00_model.py:6, in apply_top_k" in first_failure
     assert 'return logits.masked_fill(logits < third, float("-inf"))' in first_failure
     assert "not implemented yet (Exercise 0.7)" in report
-    assert "Hint: fix the first failure above" in report
+    assert "Next: fix the first failure of 0.5 above" in report
 
 
 def test_report_for_an_error_in_student_code_shows_the_raising_line(tmp_path):
     code = WRONG_TOP_K.replace("values[:, 2:3]", "values[top_k]")  # rows, not columns
     status, report = _report("00", root=_student_root(tmp_path, code))
-    first_failure = report.split("First failure: ", 1)[1]
+    first_failure = report.split("0.5, first failure: ", 1)[1]
     assert status == 1
     assert "IndexError: " in first_failure
     assert "your code at " in first_failure
@@ -426,7 +428,7 @@ def test_an_endless_loop_stops_at_the_time_limit_and_names_the_exercise(tmp_path
     assert time.monotonic() - started < 30  # one check times out; the rest are skipped
     assert code == 1
     assert "⧗ k = 2 keeps the two largest logits" in report
-    first_failure = report.split("First failure: ", 1)[1]
+    first_failure = report.split("0.5, first failure: ", 1)[1]
     assert "Exercise 0.5: your code ran 0.5 s without finishing" in first_failure
     assert "--time-limit SECONDS" in first_failure
     assert "stopped in your code at" in first_failure and "in apply_top_k" in first_failure

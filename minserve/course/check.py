@@ -1,4 +1,4 @@
-"""`minserve check NN`: run a chapter's checks against your code and report plainly.
+"""`minserve check NN [N.M]`: check your code for a chapter, or one exercise, plainly.
 
 The implementation under test is one of
 - `exercises`: your workspace, `exercises/chNN_*.py` under the current directory;
@@ -9,9 +9,11 @@ Each check is a function taking that module; it passes, fails (an assertion or a
 error), meets a stub's `NotImplementedError`, or runs past its time limit (10 s unless
 `--time-limit` says otherwise): then the report names the exercise, what each pass of its
 loop must change, and the line it was stopped at. After a time-out, later checks that call
-the function which hung are skipped, so the whole run stays bounded. The report shows one
-line per check, then the first failure in full: its message and the line of your code
-where it broke.
+the function which hung are skipped, so the whole run stays bounded. A check belongs to
+the exercise it reaches first (`minserve.course.exercise_map`). The report shows one line
+per check, one per exercise, then each exercise's first failure in full: its message and
+the lines of your code where it broke (`minserve.course.your_lines`). The closing line
+says what to do next, and which `minserve hint` to ask when something failed.
 """
 
 from __future__ import annotations
@@ -25,16 +27,18 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from types import CodeType, FrameType, ModuleType
 from typing import Literal, TextIO
 
-from minserve.course.chapters import CHAPTERS, REPO_ROOT, Chapter, Check, get_chapter
+from minserve.course.chapters import CHAPTERS, Chapter, Check, get_chapter
+from minserve.course.report import Scope, by_exercise, indent, result_line, summary
 from minserve.course.time_limit import DEFAULT_TIME_LIMIT, CheckTimeout, time_limit
+from minserve.course.your_lines import describe_frames, frame_text
 
 IMPLS = ("exercises", "solutions", "minserve")
 Outcome = Literal["passed", "failed", "not implemented", "timed out", "skipped"]
-_MARKS = {"passed": "✓", "failed": "✗", "not implemented": "○", "timed out": "⧗", "skipped": "-"}
 _EXERCISE_ID = re.compile(r"Exercise (\d+(?:\.\d+)+)")
 # where a region starts: `# >>> exercise 3.1: ...` in minserve, `# Exercise 3.1: ...` generated
 _REGION_START = re.compile(r"^\s*# (?:>>> exercise|Exercise) (\d+(?:\.\d+)+):")
@@ -53,6 +57,12 @@ class Implementation:
     module: ModuleType
     files: tuple[Path, ...]
     label: str  # what the report calls it: "exercises/ch00_model.py"
+    chapter: Chapter | None = None  # a generated file's chapter: its stub tells your lines
+
+    def stub(self) -> str:
+        """The untouched stub of a generated file ("" for minserve's own sources): the lines
+        it shares with yours are given, the others you wrote."""
+        return _stub(self.chapter) if self.chapter is not None else ""
 
 
 @dataclass(frozen=True)
@@ -112,7 +122,15 @@ def load_implementation(chapter: Chapter, impl: str, root: Path | None = None) -
         )
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # so your module can import its neighbours
-    return Implementation(_load_file(f"{impl}.{chapter.module}", path), (path,), relative)
+    module = _load_file(f"{impl}.{chapter.module}", path)
+    return Implementation(module, (path,), relative, chapter)
+
+
+@cache
+def _stub(chapter: Chapter) -> str:
+    from minserve.course.generate import render_chapter  # parses sources; only needed here
+
+    return render_chapter(chapter, "exercise")
 
 
 def _load_file(name: str, path: Path) -> ModuleType:
@@ -126,7 +144,7 @@ def _load_file(name: str, path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as error:
         raise CourseError(
-            f"could not import {path.name}:\n{_indent(_describe(error, (path,)), 2)}"
+            f"could not import {path.name}:\n{indent(_describe(error, (path,)), 2)}"
         ) from error
     finally:
         if previous is None:
@@ -180,7 +198,8 @@ def run_one(check: Check, impl: Implementation, session: Session | None = None) 
         )
         return CheckResult(name, "skipped", message, exercise=session.exercise_of(skipped.code))
     except Exception as error:
-        return CheckResult(name, "failed", _message(error), _where(error, impl, tracer))
+        where = _where(error, impl, tracer)
+        return CheckResult(name, "failed", _message(_unwrapped(error)), where)
     return CheckResult(name, "passed")
 
 
@@ -214,7 +233,7 @@ def _timed_out(
     message += " (a slow machine? raise the limit: --time-limit SECONDS; in run_check, time_limit=)"
     if session.hung is not None:
         session.hung[frame.f_code] = name
-    where = _frame_text(
+    where = frame_text(
         "stopped in your code at", frame.f_code.co_filename, line, frame.f_code.co_name
     )
     return CheckResult(name, "timed out", message, where, exercise)
@@ -271,10 +290,18 @@ def check_name(check: Check) -> str:
 
 
 def _message(error: BaseException) -> str:
+    """The error's text; its type too, unless it is a check's own assertion."""
     text = str(error).strip()
-    if isinstance(error, AssertionError):
+    if isinstance(error, AssertionError) and _raised_in_a_check(error):
         return text or "assertion failed"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _raised_in_a_check(error: BaseException) -> bool:
+    """Whether a check's module raised it (not Triton, minserve or your own `assert`)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = _resolve(frames[-1].filename) if frames else None
+    return where is None or where.parent == Path(__file__).resolve().parent
 
 
 def _describe(error: BaseException, files: tuple[Path, ...]) -> str:
@@ -284,30 +311,47 @@ def _describe(error: BaseException, files: tuple[Path, ...]) -> str:
     return f"{_message(error)}\n{_describe_frame(error, files)}".rstrip()
 
 
-def _describe_frame(error: BaseException, files: tuple[Path, ...]) -> str:
-    """The deepest traceback frame in your files, else the deepest of all."""
+def _wrapped(error: BaseException) -> BaseException | None:
+    """What Triton's interpreter wrapped in `error`, when it is its InterpreterError: each call
+    of a @triton.jit function (a kernel, or a helper a kernel calls) wraps what it raised."""
+    return error.__cause__ if type(error).__name__ == "InterpreterError" else None
+
+
+def _unwrapped(error: BaseException) -> BaseException:
+    while (inner := _wrapped(error)) is not None:
+        error = inner
+    return error
+
+
+def _frames(error: BaseException) -> list[traceback.FrameSummary]:
+    """The traceback of `error` and of each error it wraps, outermost first: the whole path
+    from the check into a kernel and the helpers it called."""
     frames = traceback.extract_tb(error.__traceback__)
+    while (inner := _wrapped(error)) is not None:
+        error = inner
+        frames += traceback.extract_tb(error.__traceback__)
+    return frames
+
+
+def _describe_frame(error: BaseException, files: tuple[Path, ...], stub: str = "") -> str:
+    """The traceback's frames in your files (the one that raised, and its callers of yours),
+    else the deepest frame of all."""
+    frames = _frames(error)
     yours = [f for f in frames if _resolve(f.filename) in files]
     if yours:
-        return _frame_text("your code at", yours[-1].filename, yours[-1].lineno, yours[-1].name)
+        return describe_frames([(f.filename, f.lineno, f.name) for f in yours], stub)
     if frames:
-        return _frame_text("checked at", frames[-1].filename, frames[-1].lineno, frames[-1].name)
+        return frame_text("checked at", frames[-1].filename, frames[-1].lineno, frames[-1].name)
     return ""
 
 
 def _where(error: BaseException, impl: Implementation, tracer: _ReturnTracer) -> str:
     """Where to look: the line of your code that raised, or else the one that returned the
     value the check rejected."""
-    frames = traceback.extract_tb(error.__traceback__)
+    frames = _frames(error)
     if tracer.last and not any(_resolve(f.filename) in impl.files for f in frames):
-        return _frame_text("the value came from your code at", *tracer.last)
-    return _describe_frame(error, impl.files)
-
-
-def _frame_text(prefix: str, filename: str, line: int | None, function: str) -> str:
-    text = f"{prefix} {_display(Path(filename))}:{line}, in {function}"
-    source = linecache.getline(filename, line or 0).strip()
-    return f"{text}:\n    {source}" if source else text
+        return describe_frames([tracer.last], impl.stub(), "the value came from {}")
+    return _describe_frame(error, impl.files, impl.stub())
 
 
 def _resolve(filename: str) -> Path | None:
@@ -317,30 +361,20 @@ def _resolve(filename: str) -> Path | None:
         return None
 
 
-def _display(path: Path) -> str:
-    """A path relative to the working directory or the repo root when it lies inside one."""
-    for base in (Path.cwd(), REPO_ROOT):
-        if path.resolve().is_relative_to(base.resolve()):
-            return str(path.resolve().relative_to(base.resolve()))
-    return str(path)
-
-
-def _indent(text: str, spaces: int) -> str:
-    return "\n".join(" " * spaces + line if line else line for line in text.splitlines())
-
-
 def run_chapter(
     chapter: Chapter,
     implementation: Implementation,
     seconds: float | None = DEFAULT_TIME_LIMIT,
     on_result: Callable[[CheckResult], None] | None = None,
+    checks: list[Check] | None = None,
 ) -> list[CheckResult]:
-    """Every check of `chapter` on `implementation`, each under `seconds`, in order."""
+    """Every check of `chapter` (or those of `checks`) on `implementation`, each under
+    `seconds`, in order."""
     checks_module = importlib.import_module(chapter.checks)
     progress = getattr(checks_module, "PROGRESS", {})
     session = Session(seconds, progress, {}, _exercise_names(chapter))
     results = []
-    for check in chapter.load_checks():
+    for check in chapter.load_checks() if checks is None else checks:
         results.append(result := run_one(check, implementation, session))
         if on_result is not None:
             on_result(result)
@@ -366,70 +400,65 @@ def run_check(
     root: Path | None = None,
     time_limit: float | None = DEFAULT_TIME_LIMIT,
     brief: bool = False,
+    exercise: str | None = None,
 ) -> int:
-    """Check one chapter and print the report to `stream`; 0 if every check passes, else 1.
+    """Check one chapter, or one `exercise` of it ("4.3", or "3"), and print the report to
+    `stream`; 0 if every check run passes, else 1.
 
     `stream` defaults to stdout; `root` is the folder holding `exercises/` and `solutions/`
     (default: the current directory); `time_limit` is in seconds per check (None: none);
     `brief` leaves out the line per check (a notebook's second check of a chapter prints
-    the count, the first failure and what to do next, not the whole list again).
+    the line per exercise, the failures and what to do next, not the whole list again).
     """
+    from minserve.course.exercise_map import check_exercises  # runs the stubs: only here
+
     stream = stream or sys.stdout
     try:
         chapter = get_chapter(chapter_number)
+        titles = _exercise_titles(chapter)
+        wanted = _exercise_id(chapter, exercise, titles) if exercise else ""
         implementation = load_implementation(chapter, impl, root)
     except (KeyError, CourseError) as error:
         print(f"minserve check: {error.args[0]}", file=stream)
         return 1
-    command = f"minserve check {chapter.number}"
-    command += "" if impl == "exercises" else f" --impl {impl}"
+    owners = check_exercises(chapter)  # check name -> the exercise it belongs to
+    checks = [c for c in chapter.load_checks() if not wanted or owners[check_name(c)] == wanted]
+    only = f": Exercise {wanted}, {titles[wanted]}" if wanted else ""
     print(f"Chapter {chapter.number}: {chapter.title}", file=stream)
-    print(f"checking {implementation.label}" + ("" if brief else "\n"), file=stream)
+    print(f"checking {implementation.label}{only}" + ("" if brief else "\n"), file=stream)
 
     def report(result: CheckResult) -> None:
         if not brief:
-            print(_result_line(result), file=stream, flush=True)
+            print(result_line(result), file=stream, flush=True)
 
-    results = run_chapter(chapter, implementation, time_limit, report)
-    print(_summary(results, implementation, command), file=stream)
+    results = run_chapter(chapter, implementation, time_limit, report, checks)
+    scope = Scope(chapter.number, implementation.label, impl, wanted, _hinted(chapter))
+    print(summary(by_exercise(results, owners, titles), scope), file=stream)
     return 0 if all(r.outcome == "passed" for r in results) else 1
 
 
-def _result_line(result: CheckResult) -> str:
-    line = f"  {_MARKS[result.outcome]} {result.name}"
-    if result.outcome == "not implemented":
-        found = _EXERCISE_ID.search(result.message)
-        line += f": not implemented yet ({found[0] if found else result.message})"
-    elif result.outcome == "timed out":
-        line += ": stopped at the time limit"
-    elif result.outcome == "skipped":
-        line += f": {result.message.split(';')[0]}"
-    return line
+def _exercise_titles(chapter: Chapter) -> dict[str, str]:
+    """The chapter's exercise ids -> titles, in order."""
+    from minserve.course.generate import chapter_exercises  # parses sources; only needed here
+
+    return {e.id: e.title for e in chapter_exercises(chapter)}
 
 
-def _summary(results: list[CheckResult], impl: Implementation, command: str) -> str:
-    """The first failure in full, the count, and what to do next."""
-    passed = sum(r.outcome == "passed" for r in results)
-    failures = [r for r in results if r.outcome in ("failed", "timed out")]
-    todo = [r for r in results if r.outcome == "not implemented"]
-    parts = []
-    if failures:
-        first = failures[0]
-        parts.append(f"\nFirst failure: {first.name}\n{_indent(first.message, 2)}")
-        if first.where:
-            parts.append(_indent(first.where, 2))
-    parts.append(f"\n{passed}/{len(results)} checks passed.")
-    if failures:
-        parts.append(f"Hint: fix the first failure above, then run `{command}` again.")
-    elif todo:
-        label = todo[0].message or "the next exercise"
-        parts.append(
-            f"Hint: next is {label}, in {impl.label}: replace its "
-            f"`raise NotImplementedError(...)` with your code, then run `{command}` again."
+def _exercise_id(chapter: Chapter, exercise: str, titles: dict[str, str]) -> str:
+    """The exercise id for "4.3" or "3" in chapter 04; CourseError lists the chapter's."""
+    wanted = exercise if "." in exercise else f"{int(chapter.number)}.{exercise}"
+    if wanted not in titles:
+        known = "\n".join(f"  {id_} {title}" for id_, title in titles.items())
+        raise CourseError(
+            f"no exercise {exercise!r} in chapter {chapter.number}; its exercises are:\n{known}"
         )
-    else:
-        parts.append("All checks pass. Plug your code into the engine: see docs/course.md.")
-    return "\n".join(parts)
+    return wanted
+
+
+def _hinted(chapter: Chapter) -> frozenset[str]:
+    from minserve.course.hints import chapter_hints
+
+    return frozenset(chapter_hints(chapter))
 
 
 def list_chapters(stream: TextIO | None = None) -> None:
@@ -442,13 +471,17 @@ def list_chapters(stream: TextIO | None = None) -> None:
         ids = ", ".join(e.id for e in chapter_exercises(chapter))
         print(f"  {chapter.number}  {chapter.title}  (exercises {ids})", file=stream)
     print(
-        "\nRun `minserve check NN` from the repository root to check your exercises/chNN_*.py.",
+        "\nRun `minserve check NN` from the repository root to check your exercises/chNN_*.py,"
+        "\nor `minserve check NN N.M` (e.g. `minserve check 04 4.3`) to check one exercise.",
         file=stream,
     )
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("chapter", nargs="?", help="chapter number, e.g. 00; omit to list them")
+    parser.add_argument(
+        "exercise", nargs="?", help="one exercise to check, e.g. 4.3; omit to check them all"
+    )
     parser.add_argument(
         "--impl",
         choices=IMPLS,
@@ -488,9 +521,12 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def check_command(args: argparse.Namespace) -> int:
-    """Run `minserve check [NN | --all] [--impl ...] [--json] [--stats]` from parsed
+    """Run `minserve check [NN [N.M] | --all] [--impl ...] [--json] [--stats]` from parsed
     arguments; returns the exit code."""
     seconds = args.time_limit or None
+    if args.exercise and (args.all or args.json or args.stats):
+        print("minserve check: one exercise (NN N.M) goes without --all, --json and --stats")
+        return 1
     if args.stats:
         from minserve.course.stats import print_stats
 
@@ -503,11 +539,13 @@ def check_command(args: argparse.Namespace) -> int:
     if args.chapter is None:
         list_chapters()
         return 0
-    return run_check(args.chapter, args.impl, root=args.root, time_limit=seconds)
+    return run_check(
+        args.chapter, args.impl, root=args.root, time_limit=seconds, exercise=args.exercise
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m minserve.course.check 00`: the same as `minserve check 00`."""
+    """`python -m minserve.course.check 00 [0.5]`: the same as `minserve check 00 [0.5]`."""
     parser = argparse.ArgumentParser(prog="minserve check", description=__doc__.split("\n")[0])
     _add_arguments(parser)
     return check_command(parser.parse_args(argv))

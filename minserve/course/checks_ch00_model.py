@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
 from minserve.course.check import passes
 from minserve.course.checks_ch00_rope import ROPE_CHECKS
+from minserve.course.nonfinite import lead_with_nonfinite
 from minserve.loader import build_model
 from minserve.model.hf_loader import config_from_hf
 from minserve.model.ops import ModelOps
@@ -43,10 +44,11 @@ def _assert_close(name: str, got: object, expected: torch.Tensor, what: str) -> 
     tol = TOLERANCE[expected.dtype]
     error = (got.float() - expected.float()).abs().max().item()
     scale = expected.float().abs().max().item()
-    assert error <= tol * max(1.0, scale), (
+    assert error <= tol * max(1.0, scale), lead_with_nonfinite(
+        got,
         f"{where}: largest difference from the reference is {error:.3g} (tolerance "
         f"{tol * max(1.0, scale):.3g}); first row expected {expected.reshape(-1)[:4].tolist()}, "
-        f"got {got.reshape(-1)[:4].tolist()}"
+        f"got {got.reshape(-1)[:4].tolist()}",
     )
 
 
@@ -186,11 +188,12 @@ def check_whole_forward_matches_transformers(impl: ModuleType) -> None:
             hidden.append(net(ids[start : start + n], torch.arange(start, start + n), attention))
         got = net.compute_logits(torch.cat(hidden))
     error = (got - expected).abs().max().item()
-    assert error < 1e-4, (
+    assert error < 1e-4, lead_with_nonfinite(
+        got,
         "tiny Llama (2 layers, hidden 64, 4 query heads over 2 KV heads), logits [8, 128] of "
         f"a 6-token prefill and 2 decodes: largest difference from transformers is {error:.3g} "
         f"(expected < 1e-4); token 0's first logits expected {expected[0, :4].tolist()}, "
-        f"got {got[0, :4].tolist()}"
+        f"got {got[0, :4].tolist()}",
     )
 
 

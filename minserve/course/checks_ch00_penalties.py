@@ -17,6 +17,7 @@ import torch
 from hypothesis import Verbosity, given, settings
 from hypothesis import strategies as st
 
+from minserve.course.nonfinite import lead_with_nonfinite
 from minserve.model.sampler import SamplingRow
 from minserve.sampling_params import SamplingParams
 
@@ -64,12 +65,13 @@ def _assert_rows(
     )
     for i, row in enumerate(rows):
         if not torch.allclose(got[i], expected[i], rtol=1e-5, atol=1e-5, equal_nan=False):
-            raise AssertionError(
+            message = (
                 f"apply_penalties, row {i} ({_describe(row)}), logits "
                 f"{[round(x, 4) for x in logits[i].tolist()]}: expected "
                 f"{[round(x, 4) for x in expected[i].tolist()]}, got "
                 f"{[round(x, 4) for x in got[i].tolist()]}"
             )
+            raise AssertionError(lead_with_nonfinite(got, message))
 
 
 def check_repetition_matches_transformers(impl: ModuleType) -> None:

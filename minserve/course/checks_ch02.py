@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TypeVar
 
+import numpy as np
 import torch
 from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
@@ -36,16 +37,29 @@ from minserve.attention.triton_env import interpreting
 from minserve.attention.triton_prefill import paged_prefill
 from minserve.attention.triton_store import paged_store
 from minserve.attention.triton_tiles import gather_kv, tile_attention
+from minserve.course.nonfinite import (
+    LOG_OF_ZERO,
+    MASKED_ROW,
+    MAX_SUBTRACTION,
+    lead_with_nonfinite,
+)
 
 T = TypeVar("T")
 
 BLOCK_SIZE = 4
 HEAD_DIM = 16
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
-NAN_HINT = (
-    ". NaN: the kernel read a slot outside the context (the pool holds NaN there); "
-    "mask every load with the tokens' validity"
+OUTSIDE_THE_CONTEXT = (
+    "a load outside the context: the pool holds NaN in every slot no sequence owns, so mask "
+    "every load with the tokens' validity (other=0.0)"
 )
+COMBINE_NAN_CAUSES = (
+    "exp2 of the lse without the largest subtracted first: 2^300 overflows to inf, and "
+    "inf / inf is NaN",
+    "an empty split (lse -inf) weighed as -inf - (-inf), which is NaN; it weighs 0",
+    "splits past num_splits loaded without a mask (other=-inf for lse)",
+)
+EXP_OVERFLOWS_PAST = 88.0  # exp(88.7) is float32's largest; exp2(s * log2(e)) is the same
 
 
 @dataclass(frozen=True)
@@ -93,14 +107,27 @@ class DecodeCase:
         k, v = self.k_cache.nan_to_num(0.0), self.v_cache.nan_to_num(0.0)
         return paged_attention_reference(self.q, k, v, self.metadata, scale).float().cpu()
 
+    def nan_causes(self, scale: float | None = None) -> tuple[str, ...]:
+        """What puts NaN or inf into an attention output on this case, likeliest first: with
+        scores past exp's range, a missing max subtraction; else a load outside the context."""
+        q = self.q.float().cpu().flatten(0, 1)  # [S * Hq, D]
+        k = self.k_cache.float().cpu().nan_to_num(0.0).flatten(0, 2)  # [slots * Hkv, D]
+        reach = float((q @ k.T).abs().max()) * (scale or HEAD_DIM**-0.5)
+        if reach > EXP_OVERFLOWS_PAST:
+            overflow = f"{MAX_SUBTRACTION}; the scores here reach {reach:.0f}"
+            return overflow, OUTSIDE_THE_CONTEXT, MASKED_ROW, LOG_OF_ZERO
+        return OUTSIDE_THE_CONTEXT, MASKED_ROW, MAX_SUBTRACTION, LOG_OF_ZERO
+
 
 def launched(launch: Callable[..., T], *args, **kwargs) -> T:
     """Run a kernel launch; what the kernel raised comes out as itself. In the interpreter a
     stub raises its NotImplementedError; compiled, Triton rejects the `raise` statement."""
     try:
-        return launch(*args, **kwargs)
+        with np.errstate(all="ignore"):  # the interpreter's numpy: NaN is the report's to name
+            return launch(*args, **kwargs)
     except InterpreterError as error:  # the interpreter wraps what the kernel raised
-        raise (error.__cause__ or error) from None
+        raised = error.__cause__ or error
+        raise raised from raised.__cause__  # `from None` would drop what it wraps in turn
     except CompilationError as error:
         if stub := _STUB.search(str(error)):
             raise NotImplementedError(stub["label"]) from None
@@ -154,12 +181,12 @@ def assert_close(case: DecodeCase, got: torch.Tensor, what: str, scale: float | 
         error = (got[seq, head] - expected[seq, head]).abs().max().item()
         if not error <= tol:  # NaN fails too
             tokens = f"{contexts[seq]} token" + ("s" if contexts[seq] > 1 else "")
-            hint = NAN_HINT if got[seq, head].isnan().any() else ""
-            raise AssertionError(
+            message = (
                 f"{what}: sequence {seq} (context of {tokens}), query head {head}: max "
                 f"error {error:.3g} (tolerance {tol:g}); expected "
-                f"{_head(expected[seq, head])}, got {_head(got[seq, head])}{hint}"
+                f"{_head(expected[seq, head])}, got {_head(got[seq, head])}"
             )
+            raise AssertionError(lead_with_nonfinite(got, message, case.nan_causes(scale)))
 
 
 def _head(row: torch.Tensor) -> str:
@@ -186,18 +213,19 @@ def assert_gather(impl: ModuleType, case: DecodeCase, kv_head: int, block_n: int
         what = f"sequence {seq} (context of {n} tokens, block table {table[: -(-n // BLOCK_SIZE)]})"
         for t in range(got.shape[0]):
             if t < n and not torch.equal(got[t], expected[t]):
-                raise AssertionError(
+                message = (
                     f"gather, {what}, tiles of {block_n}: token {t} lives in block "
                     f"{table[t // BLOCK_SIZE]} at offset {t % BLOCK_SIZE}, KV head {kv_head}; "
                     f"expected {_head(expected[t])}, got {_head(got[t])}"
-                    + (NAN_HINT if got[t].isnan().any() else "")
                 )
+                raise AssertionError(lead_with_nonfinite(got, message, [OUTSIDE_THE_CONTEXT]))
             if t >= n and got[t].abs().max() != 0:
-                raise AssertionError(
+                message = (
                     f"gather, {what}, tiles of {block_n}: row {t} is past the context and "
                     f"must stay 0, got {_head(got[t])}; mask the loads and the store with "
-                    "t < context_len" + (NAN_HINT if got[t].isnan().any() else "")
+                    "t < context_len"
                 )
+                raise AssertionError(lead_with_nonfinite(got, message, [OUTSIDE_THE_CONTEXT]))
 
 
 def check_gather_follows_the_block_table(impl: ModuleType) -> None:
@@ -301,12 +329,11 @@ def check_combine_weighs_each_split_by_its_lse(impl: ModuleType) -> None:
     for head, lses in enumerate(lse[0].tolist()):
         error = (got[0, head] - expected[0, head]).abs().max().item()
         if not error <= TOLERANCE[torch.float32]:
-            raise AssertionError(
+            message = (
                 f"combine, head {head}, split lse {lses}: max error {error:.3g}; expected "
                 f"{_head(expected[0, head])}, got {_head(got[0, head])}"
-                + (". NaN or inf: subtract the largest lse before exp2 (2^300 overflows)"
-                   if not got.isfinite().all() else "")
-            )  # fmt: skip
+            )
+            raise AssertionError(lead_with_nonfinite(got, message, COMBINE_NAN_CAUSES))
 
 
 def check_split_k_decode_with_your_combine(impl: ModuleType) -> None:
@@ -502,13 +529,14 @@ def assert_prefill(impl: ModuleType, case: PrefillCase, what: str, **options) ->
         for head in range(got.shape[1]):
             error = (got[row, head] - expected[row, head]).abs().max().item()
             if not error <= tol:  # NaN fails too
-                hint = NAN_HINT if got[row, head].isnan().any() else ""
-                raise AssertionError(
+                message = (
                     f"{what}: sequence {seq} ({case.cached[seq]} cached + {case.new[seq]} new "
                     f"tokens), query {index} of its chunk (position {position}, sees keys 0 to "
                     f"{position}), head {head}: max error {error:.3g} (tolerance {tol:g}); "
-                    f"expected {_head(expected[row, head])}, got {_head(got[row, head])}{hint}"
+                    f"expected {_head(expected[row, head])}, got {_head(got[row, head])}"
                 )
+                causes = case.decode.nan_causes(options.get("scale"))
+                raise AssertionError(lead_with_nonfinite(got, message, causes))
 
 
 def check_prefill_of_whole_prompts_is_causal(impl: ModuleType) -> None:

@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
+from minserve.course.nonfinite import lead_with_nonfinite
 from minserve.speculative import draft_length as reference_lengths
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.ngram import NgramProposer, latest_earlier_match
@@ -54,9 +55,10 @@ def check_the_residual_keeps_only_what_the_target_wants_more_of(impl: ModuleType
     """max(0, p - q) normalised: p = [0.5, 0.3, 0.15, 0.05], q = [0.1, 0.6, 0.1, 0.2]."""
     got = impl.residual_distribution(P, Q)
     expected = torch.tensor([0.4, 0.0, 0.05, 0.0]) / 0.45
-    assert torch.allclose(got, expected, atol=1e-6), (
+    assert torch.allclose(got, expected, atol=1e-6), lead_with_nonfinite(
+        got,
         f"residual_distribution(p={_rounded(P)}, q={_rounded(Q)}): expected "
-        f"{_rounded(expected)}, got {_rounded(got)}"
+        f"{_rounded(expected)}, got {_rounded(got)}",
     )
 
 
@@ -65,9 +67,10 @@ def check_the_residual_of_a_one_hot_draft_is_the_target_without_it(impl: ModuleT
     one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
     got = impl.residual_distribution(P, one_hot)
     expected = torch.tensor([0.5, 0.0, 0.15, 0.05]) / 0.7
-    assert torch.allclose(got, expected, atol=1e-6), (
+    assert torch.allclose(got, expected, atol=1e-6), lead_with_nonfinite(
+        got,
         f"residual_distribution(p={_rounded(P)}, q={_rounded(one_hot)}): expected "
-        f"{_rounded(expected)}, got {_rounded(got)}"
+        f"{_rounded(expected)}, got {_rounded(got)}",
     )
 
 
@@ -75,9 +78,10 @@ def check_the_residual_of_equal_distributions_is_the_target(impl: ModuleType) ->
     """p == q leaves no excess mass: return p itself (no NaN from 0 / 0), row by row."""
     rows = torch.stack([P, Q])  # [2, vocab]
     got = impl.residual_distribution(rows, rows)
-    assert torch.equal(got, rows), (
+    assert torch.equal(got, rows), lead_with_nonfinite(
+        got,
         f"residual_distribution(p, p) for rows {[_rounded(r) for r in rows]}: expected p "
-        f"itself, got {[_rounded(r) for r in got]}"
+        f"itself, got {[_rounded(r) for r in got]}",
     )
 
 

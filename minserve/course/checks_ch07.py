@@ -19,6 +19,7 @@ import torch
 from hypothesis import Verbosity, given, settings
 from hypothesis import strategies as st
 
+from minserve.course.nonfinite import lead_with_nonfinite
 from minserve.distributed import layers
 from minserve.distributed.layers import load_shard
 from minserve.distributed.layout import TensorParallelError, TPLayout, check_divisible
@@ -54,8 +55,8 @@ def _row(comm: Any, impl: ModuleType, input_is_parallel: bool) -> Any:
 
 
 def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.shape == want.shape and torch.allclose(got, want), (
-        f"{what}: expected {want.tolist()}, got {got.tolist()}"
+    assert got.shape == want.shape and torch.allclose(got, want), lead_with_nonfinite(
+        got, f"{what}: expected {want.tolist()}, got {got.tolist()}"
     )
 
 
@@ -210,10 +211,11 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     shapes = tuple(want.shape), tuple(got.shape)
     assert shapes[0] == shapes[1], f"{what}: expected shape {shapes[0]}, got {shapes[1]}"
     err = float((got - want).abs().max())
-    assert err < 1e-4, (
+    assert err < 1e-4, lead_with_nonfinite(
+        got,
         f"{what}: expected the single-rank block's output, largest difference {err:.4g}; "
         f"token 0 expected {[round(v, 3) for v in want[0].tolist()]}, "
-        f"got {[round(v, 3) for v in got[0].tolist()]}"
+        f"got {[round(v, 3) for v in got[0].tolist()]}",
     )
 
 

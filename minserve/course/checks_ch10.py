@@ -30,6 +30,7 @@ from gguf.quants import quantize as gguf_quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minserve.course.nonfinite import lead_with_nonfinite
 from minserve.kernels.cpu_ops import QUANT_BLOCK_BYTES
 from minserve.kvcache.kv_format import INT8_CODEC, KVCodec
 from minserve.model.llama import CausalLM
@@ -202,9 +203,10 @@ def check_matmul_equals_widened_product(impl: ModuleType) -> None:
             f"{type(got).__name__} {tuple(getattr(got, 'shape', ()))}"
         )
         worst = (got - expected).abs().max().item()
-        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-4), (
+        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-4), lead_with_nonfinite(
+            got,
             f"{what}: off by up to {worst:.3g}; expected row 0 starting "
-            f"{expected[0, :4].tolist()}, got {got[0, :4].tolist()}"
+            f"{expected[0, :4].tolist()}, got {got[0, :4].tolist()}",
         )
 
 
@@ -239,9 +241,10 @@ def check_codec_runs_a_quantized_layer(impl: ModuleType) -> None:
         expected = x @ dequantize(packed, quant).T + bias  # [n, 16]
         layer.codec = codec
         got = layer(x)
-        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-4), (
+        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-4), lead_with_nonfinite(
+            got,
             f"QuantizedLinear({quant}, {n} rows) with your codec: off by up to "
-            f"{(got - expected).abs().max().item():.3g}"
+            f"{(got - expected).abs().max().item():.3g}",
         )
 
 

@@ -7,8 +7,8 @@ function which already ran past its time limit). Whatever the checks print goes 
 stderr, so stdout stays valid JSON. A chapter whose file does not import fails every one
 of its checks with the import error. The exit code is 0 when every check passes, else 1.
 
-A check's exercise is the one it reaches first: the exercise named by the
-`NotImplementedError` the untouched stub raises under that check.
+A check's exercise is the one it reaches first: the first stub it calls when it runs on
+the untouched stubs (`minserve.course.exercise_map`).
 """
 
 from __future__ import annotations
@@ -16,25 +16,20 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import tempfile
 from collections import Counter
-from functools import cache
 from pathlib import Path
 from typing import Any, TextIO
 
 from minserve.course.chapters import CHAPTERS, Chapter, get_chapter
 from minserve.course.check import (
-    _EXERCISE_ID,
     CheckResult,
     CourseError,
-    _load_file,
-    check_name,
     load_implementation,
     run_chapter,
     run_check,
 )
-from minserve.course.generate import render_chapter
-from minserve.course.time_limit import DEFAULT_TIME_LIMIT, CheckTimeout, time_limit
+from minserve.course.exercise_map import check_exercises
+from minserve.course.time_limit import DEFAULT_TIME_LIMIT
 
 STATUS = {
     "passed": "pass",
@@ -43,27 +38,6 @@ STATUS = {
     "timed out": "timeout",
     "skipped": "skipped",
 }
-
-
-@cache
-def check_exercises(chapter: Chapter) -> dict[str, str]:
-    """Each check's name -> the exercise id its untouched stub raises ("" if none)."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / f"{chapter.module}.py"
-        path.write_text(render_chapter(chapter, "exercise"), encoding="utf-8")
-        stubs = _load_file(f"stubs.{chapter.module}", path)
-    found = {}
-    for check in chapter.load_checks():
-        found[check_name(check)] = ""
-        try:
-            with time_limit(DEFAULT_TIME_LIMIT, {str(path)}), contextlib.redirect_stdout(None):
-                check(stubs)
-        except NotImplementedError as error:
-            if match := _EXERCISE_ID.search(str(error)):
-                found[check_name(check)] = match[1]
-        except (Exception, CheckTimeout):
-            pass
-    return found
 
 
 def grade_chapter(

@@ -51,23 +51,30 @@ class Exercise:
         """What the stub raises and the report prints: "Exercise 0.5: top-k filtering"."""
         return f"Exercise {self.id}: {self.title}"
 
-    @property
-    def _quoted_label(self) -> str:
-        """The label as a double-quoted Python string literal."""
-        return '"' + self.label.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    def stub(self, note: str = "") -> str:
+        """The statement a solution block becomes: `raise NotImplementedError("Exercise
+        0.5: top-k filtering")`, with `note` after the label."""
+        message = (self.label + note).replace("\\", "\\\\").replace('"', '\\"')
+        return f'raise NotImplementedError("{message}")'
 
-    def render(self, kind: Kind) -> list[str]:
-        """The region's lines as a stub ("exercise") or as the reference ("solution")."""
+    def render(self, kind: Kind, keep_markers: bool = False, note: str = "") -> list[str]:
+        """The region's lines as a stub ("exercise") or as the reference ("solution").
+
+        `keep_markers` keeps the solution markers around what each block became, so the
+        result is still a marked region (a student checkout's minserve sources); `note`
+        follows the label in the stub's message.
+        """
         out: list[str] = []
         in_solution = False
         for line in self.lines:
             if opening := _OPEN_SOLUTION.match(line):
                 in_solution = True
+                out += [line] if keep_markers else []
                 if kind == "exercise":
-                    stub = f"raise NotImplementedError({self._quoted_label})"
-                    out.append(f"{opening['indent']}{stub}\n")
+                    out.append(f"{opening['indent']}{self.stub(note)}\n")
             elif _CLOSE_SOLUTION.match(line):
                 in_solution = False
+                out += [line] if keep_markers else []
             elif kind == "solution" or not in_solution:
                 out.append(line)
         return out
@@ -182,14 +189,21 @@ def check_unique_ids(exercises: Iterable[Exercise]) -> None:
         seen[exercise.id] = exercise
 
 
-def render_source(text: str, path: str, kind: Kind) -> str:
-    """The whole file with every region rendered as a stub or a solution, markers gone."""
+def render_source(
+    text: str, path: str, kind: Kind, keep_markers: bool = False, note: str = ""
+) -> str:
+    """The whole file with every region rendered as a stub or a solution, markers gone
+    (or kept, with `keep_markers`: each solution block then holds only its stub, whose
+    message ends with `note`)."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
     next_line = 1
     for exercise in parse_exercises(text, path):
+        opening, closing = lines[exercise.start - 1], lines[exercise.end - 1]
         out += lines[next_line - 1 : exercise.start - 1]
-        out += exercise.render(kind)
+        out += [opening] if keep_markers else []
+        out += exercise.render(kind, keep_markers, note)
+        out += [closing] if keep_markers else []
         next_line = exercise.end + 1
     out += lines[next_line - 1 :]
     return "".join(out)
