@@ -14,9 +14,10 @@ server still up, and is every KV block free or held only by the prefix cache?
 
 One check is ours: a body valid by the schema may still be refused with a 400 for what
 no JSON schema can say (a prompt plus max_tokens past the context, min_tokens above
-max_tokens, top_logprobs without logprobs); `accepted_unless_it_cannot_fit` allows those
-refusals, named by their messages, and nothing else, in place of schemathesis'
-positive_data_acceptance. Writes fuzz_server.json and fuzz_server.md.
+max_tokens, top_logprobs without logprobs, a structured output's regex, schema or grammar
+that does not compile); `accepted_unless_it_cannot_fit` allows those refusals, named by
+their messages (a structured output's, by the field it names), and nothing else, in place
+of schemathesis' positive_data_acceptance. Writes fuzz_server.json and fuzz_server.md.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ CANNOT_FIT = (
     re.compile(r"^min_tokens \(\d+\) must not exceed max_tokens \(\d+\)$"),
     re.compile(r"^top_logprobs needs logprobs: true$"),
 )
+# a structured output's constraint (one kind of it, a grammar that compiles) is its content
+STRUCTURED_PARAMS = ("structured_outputs", "response_format")
 
 
 @schemathesis.hook
@@ -96,7 +99,16 @@ def accepted_unless_it_cannot_fit(ctx: Any, response: Any, case: Any) -> bool | 
     message = _error_message(response)
     if response.status_code == 400 and any(rule.search(message) for rule in CANNOT_FIT):
         return None
+    if response.status_code == 400 and _error_param(response) in STRUCTURED_PARAMS:
+        return None
     raise AssertionError(f"a valid body was refused with {response.status_code}: {message}")
+
+
+def _error_param(response: Any) -> str | None:
+    try:
+        return response.json()["error"]["param"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _error_message(response: Any) -> str:

@@ -21,7 +21,7 @@ from minserve.errors import ModelLoadError, PromptTooLongError
 from minserve.llm import LLM
 from minserve.plugins import CoursePlugins
 from minserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from minserve.sampling_params import SamplingParams
+from minserve.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -33,6 +33,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
     "build_engine",
 ]
 __version__ = "0.1.0"

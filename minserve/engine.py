@@ -29,10 +29,11 @@ decoded) aborts that request, the step goes on for the others, and `step()` rais
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -40,7 +41,7 @@ from minserve.attention.backends import choose_attention
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_args import EngineArgs
 from minserve.engine_metrics import EngineCounters, engine_metrics
-from minserve.errors import RequestsFailedError, StepFailedError
+from minserve.errors import RequestsFailedError, StepFailedError, StructuredOutputError
 from minserve.kvcache.host_tier import host_tier_for
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
 from minserve.kvcache.manager import KVCacheManager
@@ -61,6 +62,10 @@ from minserve.worker.memory import GIB, measure_kv_cache_budget
 from minserve.worker.pool_size import PoolPeers, PoolRequest
 from minserve.worker.warmup import warm_up
 from minserve.worker.worker import StepPeers, Worker
+
+if TYPE_CHECKING:
+    from minserve.structured.compiler import GrammarCompiler
+    from minserve.structured.matcher import GrammarMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +211,8 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.timings = StepTimings()  # every step's, summed
         self.observers: list[StepObserver] = []  # called with each step's record
+        self._grammars: GrammarCompiler | None = None  # structured output, on first use
+        self._grammars_lock = threading.Lock()
 
     def _kv_manager(
         self, cache_config: CacheConfig, plugins: CoursePlugins, pool: PagedKVPool
@@ -242,12 +249,44 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         validate_prompt(prompt_token_ids, self.loaded.config.vocab_size, self.max_model_len)
         validate_params(params, self.loaded.config.vocab_size)
-        request = Request.create(request_id, prompt_token_ids, params)
+        matcher = self._grammar_matcher(params)
+        request = Request.create(request_id, prompt_token_ids, params, constraint=matcher)
         self.scheduler.add(self._first_sequence(request, priority))
         self.output_processor.add_request(
             request_id, prompt, prompt_token_ids, params, request.arrival_time
         )
         self.counters.num_prompt_tokens += len(prompt_token_ids)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """What `add_request` checks of `params` and may take time over, from any thread: a
+        structured output's grammar is compiled into the cache (the server calls this before
+        it queues the request, so the engine thread finds it compiled). ValueError if bad."""
+        validate_params(params, self.loaded.config.vocab_size)
+        self._grammar_matcher(params)  # compiles (or finds) the grammar; the matcher is dropped
+
+    def _grammar_matcher(self, params: SamplingParams) -> GrammarMatcher | None:
+        """Structured output: a matcher at the start of the request's compiled grammar."""
+        if params.structured_outputs is None:
+            return None
+        if self.worker.speculator is not None:
+            raise StructuredOutputError(
+                "structured_outputs is not supported with speculative decoding yet; "
+                "serve it from an engine without speculative_config"
+            )
+        return self.grammars().matcher(params.structured_outputs)
+
+    def grammars(self) -> GrammarCompiler:
+        """The structured-output compiler (minserve/structured/), built on first use: only
+        engines that get a structured request load xgrammar and index the vocabulary."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from minserve.structured.compiler import GrammarCompiler, tokenizer_info
+
+                info = tokenizer_info(
+                    self.loaded.tokenizer, self.vocab_size, self.loaded.eos_token_ids
+                )
+                self._grammars = GrammarCompiler(info)
+            return self._grammars
 
     def _first_sequence(self, request: Request, priority: int) -> Sequence:
         first, *siblings = request.samples

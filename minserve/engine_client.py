@@ -36,6 +36,12 @@ class EngineClient(Protocol):
         priority: int = 0,
     ) -> None: ...
 
+    def check_params(self, params: SamplingParams) -> None:
+        """Check what `add_request` would of `params`, from any thread (ValueError if bad);
+        slow checks (a structured output's grammar compile) are done and kept here, so the
+        server runs them off the engine thread."""
+        ...
+
     def abort_request(self, request_id: str) -> None: ...
 
     def step(self) -> list[RequestOutput]:

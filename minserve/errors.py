@@ -19,6 +19,23 @@ class PromptTooLongError(ValueError):
         self.max_model_len = max_model_len
 
 
+class StructuredOutputError(ValueError):
+    """A structured-output request the engine cannot serve: a schema, regex or grammar that
+    does not compile (the message says why), one that takes too long to compile, or a
+    schema keyword the grammar library would ignore."""
+
+
+# Why a constrained row fails when its grammar allows no token at all: what it requires next
+# cannot be spelled with the model's vocabulary (SmolLM2's has no byte token for 0xF1, 0xF2
+# and six control characters). The request fails alone; the server answers 400, not 500.
+GRAMMAR_DEAD_END = "its grammar allows no token of the model's vocabulary here"
+
+
+class StructuredOutputBusyError(StructuredOutputError):
+    """Grammars of earlier requests are still compiling past their time bound: new grammars
+    wait until they end (retry later; a 503 on the server)."""
+
+
 class StepFailedError(RuntimeError):
     """An engine step raised; `request_ids` are the requests it was running (None: it failed
     before it had a batch, so any request may be affected). The cause is chained."""

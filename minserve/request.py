@@ -2,21 +2,29 @@
 
 One `Request` holds `n` `Sample`s (vLLM's `n`): each is one sequence with its own output
 tokens, random generator and finish reason. `Sample.append` applies the rules that look at
-token ids only (EOS, stop token ids, max_tokens, the model's length limit); text, stop
-strings and logprobs belong to the output processor (`minserve/output_processor.py`), which
-turns the new tokens into what the caller sees.
+token ids only (EOS, stop token ids, max_tokens, the model's length limit, a structured
+output's grammar); text, stop strings and logprobs belong to the output processor
+(`minserve/output_processor.py`), which turns the new tokens into what the caller sees.
+
+A sample asked for structured output owns its grammar matcher (`minserve/structured/`):
+`Sample.append` advances it with each token kept, next to the tokens themselves, so the
+two never disagree; the worker only reads it through the sampling row.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from minserve.errors import PromptTooLongError
 from minserve.model.sampler import SamplingRow
 from minserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minserve.structured.matcher import GrammarMatcher
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class Sample:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | None = None  # the stop token id that ended it (None: EOS or else)
+    constraint: GrammarMatcher | None = None  # structured output: the grammar's state
 
     @property
     def finished(self) -> bool:
@@ -55,16 +64,27 @@ class Sample:
             output_token_ids=self.token_ids,
             generator=self.generator,
             eos_token_ids=() if self.params.ignore_eos else rules.eos_token_ids,
+            constraint=self.constraint,
         )
 
     def append(self, token_id: int, rules: StopRules) -> None:
-        """Add one sampled token; finish on EOS or a stop token ("stop"), else at the length
+        """Add one sampled token; finish on EOS or a stop token ("stop"), when the grammar
+        is complete ("stop", even with ignore_eos: nothing may follow), else at the length
         limit ("length")."""
         self.token_ids.append(token_id)
+        if self.constraint is not None:
+            self._advance_grammar(token_id)
         if self._stops_on_token(token_id, rules):
             self.finish("stop", None if token_id in rules.eos_token_ids else token_id)
         elif self._at_length_limit(rules):
             self.finish("length", None)
+
+    def _advance_grammar(self, token_id: int) -> None:
+        assert self.constraint is not None
+        if not self.constraint.accept(token_id):  # the sampler drew it under the mask
+            raise RuntimeError(f"token {token_id} breaks sample {self.index}'s grammar")
+        if self.constraint.is_terminated:
+            self.finish("stop")
 
     def finish(self, reason: str, stop_reason: int | None = None) -> None:
         if not self.finished:
@@ -101,10 +121,18 @@ class Request:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        constraint: GrammarMatcher | None = None,
     ) -> Request:
+        """`constraint`: the grammar's matcher, at its start, for a request with
+        `structured_outputs` (the engine compiles it); each other sample gets a fork."""
+        if params.structured_outputs is not None and constraint is None:
+            raise ValueError(
+                "structured_outputs needs a grammar matcher, which the paged engine compiles "
+                "(LLM(engine='paged')); the reference engine has none"
+            )
         samples = [
-            Sample(i, params, prompt_token_ids, seeded_generator(params.seed, i))
-            for i in range(params.n)
+            Sample(i, params, prompt_token_ids, seeded_generator(params.seed, i), constraint=c)
+            for i, c in enumerate(_forked(constraint, params.n))
         ]
         arrival = time.monotonic() if arrival_time is None else arrival_time
         return cls(request_id, prompt_token_ids, params, samples, arrival)
@@ -112,6 +140,13 @@ class Request:
     @property
     def finished(self) -> bool:
         return all(s.finished for s in self.samples)
+
+
+def _forked(constraint: GrammarMatcher | None, n: int) -> list[GrammarMatcher | None]:
+    """One matcher per sample: the one given, then copies of its state."""
+    if constraint is None:
+        return [None] * n
+    return [constraint, *(constraint.fork() for _ in range(n - 1))]
 
 
 SEED_MODULUS = 2**64  # torch.Generator.manual_seed takes [-2**63, 2**64); we take [0, 2**64)

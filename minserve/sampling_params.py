@@ -6,8 +6,10 @@ act on; nothing is silently ignored.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 # Temperatures below this count as greedy, as in vLLM: dividing logits by them risks
 # float32 overflow, and the distribution is an argmax in all but exact near-ties anyway.
@@ -20,6 +22,61 @@ GREEDY_TEMPERATURE = 1e-5
 TEMPERATURE_RANGE = (0.0, 100.0)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 OPENAI_PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency, as OpenAI documents them
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on the output (vLLM's names): exactly one of
+
+    - `json`: a JSON schema (a dict, or its text); the output is a JSON value it validates;
+    - `regex`: the output matches this regular expression, whole;
+    - `choice`: the output is one of these strings;
+    - `grammar`: the output is a sentence of this EBNF grammar (GBNF, llama.cpp's
+      notation, with a `root` rule);
+    - `json_object`: True: the output is a JSON object (any keys).
+
+    `disable_any_whitespace`: JSON on one line, one space after each comma and colon
+    (`{"a": 1, "b": 2}`); otherwise up to 16 whitespace characters between JSON tokens.
+    `whitespace_pattern` is vLLM's option for the outlines and guidance backends; minserve's
+    grammar library (xgrammar) has no such rule, so a pattern is refused when the request
+    is added.
+    The grammar is compiled when the request is added (`minserve/structured/`); an
+    invalid schema, regex or grammar is a ValueError then.
+    """
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [name for name in STRUCTURED_KINDS if getattr(self, name) is not None]
+        _check(
+            len(kinds) == 1,
+            f"structured_outputs takes exactly one of {', '.join(STRUCTURED_KINDS)}; "
+            f"got {', '.join(kinds) or 'none'}",
+        )
+        _check(
+            self.json is None or isinstance(self.json, dict | str),
+            f"json must be a JSON schema (a dict or its text), got {type(self.json).__name__}",
+        )
+        _check(self.json_object is not False, "json_object must be true when given")
+        _check(
+            self.choice is None
+            or (bool(self.choice) and all(isinstance(c, str) and c for c in self.choice)),
+            f"choice must be a non-empty list of non-empty strings, got {self.choice!r}",
+        )
+        if isinstance(self.json, str):
+            try:
+                json.loads(self.json)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"json is not a valid JSON schema text: {error}") from None
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 @dataclass(frozen=True)
@@ -50,6 +107,8 @@ class SamplingParams:
     # top `prompt_logprobs` alternatives (`RequestOutput.prompt_logprobs`); 0: the token's own.
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # a JSON schema, regex, choice or grammar the output must follow (None: free text)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -95,6 +154,12 @@ class SamplingParams:
         _check(
             all(t >= 0 for t in self.stop_token_ids or ()),
             f"stop_token_ids must be non-negative, got {self.stop_token_ids}",
+        )
+        _check(
+            self.structured_outputs is None
+            or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs must be a StructuredOutputsParams, got "
+            f"{type(self.structured_outputs).__name__}",
         )
 
     @property

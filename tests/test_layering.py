@@ -5,7 +5,7 @@
       -> the execution config (which paths run here)
       -> the model
       -> the platforms (each device's speed) and the loader (a model on its platform)
-      -> what runs on it (request, speculative, output_processor)
+      -> what runs on it (request, speculative, output_processor, structured)
       -> scheduler, worker
       -> engine (and its options and plug-ins)
       -> llm, build_engine, distributed, disagg, server, router
@@ -34,7 +34,7 @@ LAYERS: list[set[str]] = [
     {"execution"},
     {"model"},
     {"platforms", "loader"},
-    {"request", "speculative", "output_processor"},
+    {"request", "speculative", "output_processor", "structured"},
     {"scheduler", "worker"},
     {"engine", "engine_args", "engine_client", "engine_metrics", "plugins", "reference"},
     {"llm", "engine_builder", "distributed", "disagg", "server", "router"},

@@ -36,7 +36,7 @@ from minserve.disagg.topology import PDTopology
 from minserve.disagg.wire import recv_json, send_json
 from minserve.distributed.group import free_port
 from minserve.engine_args import EngineArgs
-from minserve.errors import RequestsFailedError
+from minserve.errors import RequestsFailedError, StructuredOutputError
 from minserve.model.default_model import default_model_path
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import RequestOutput
@@ -103,8 +103,7 @@ class DisaggregatedEngine:
         """Validate here, then queue for the least-loaded prefill instance's next round."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if params.n != 1 or params.logprobs is not None:
-            raise ValueError("disaggregated serving supports n=1 without logprobs for now")
+        self.check_params(params)
         validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
         rank = self._least_loaded(self._live(self.topology.prefill_ranks))
         self.requests[request_id] = RemoteRequest(request_id, prompt, prompt_token_ids, rank)
@@ -112,6 +111,15 @@ class DisaggregatedEngine:
         self._adds[rank].append({"id": request_id, "prompt_token_ids": prompt_token_ids,
                                  "params": params_json, "priority": priority})  # fmt: skip
         self.counters["prompt_tokens"] += len(prompt_token_ids)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """What the instances serve: n=1, no logprobs, no structured output (yet)."""
+        if params.n != 1 or params.logprobs is not None:
+            raise ValueError("disaggregated serving supports n=1 without logprobs for now")
+        if params.structured_outputs is not None:
+            raise StructuredOutputError(
+                "disaggregated serving does not support structured_outputs yet"
+            )
 
     def abort_request(self, request_id: str) -> None:
         """Forget it here; the instance holding it frees its blocks next round."""

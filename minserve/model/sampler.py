@@ -1,7 +1,10 @@
 """The sampler: one step's logits in, one token per sequence out, with vLLM's semantics.
 
 Each row goes through, in order:
-1. logprobs, taken from the raw logits (before anything below changes them);
+0. structured output: a row with a grammar (`SamplingRow.constraint`) has every token the
+   grammar forbids next set to -inf, so everything below (logprobs included, as in vLLM)
+   sees the constrained distribution, on every path: greedy, seeded, the filters, penalties;
+1. logprobs, taken from the logits as the model gave them (before anything below);
 2. penalties: repetition (prompt + output tokens), frequency and presence (output only);
 3. min_tokens: EOS and stop tokens forbidden until the row has enough output;
 4. a row left with no token to draw (NaN or +inf logits, or every token forbidden) is
@@ -23,9 +26,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Protocol
 
 import torch
 
+from minserve.errors import GRAMMAR_DEAD_END
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
 from minserve.sampling_params import SamplingParams
@@ -33,6 +38,14 @@ from minserve.sampling_params import SamplingParams
 Filter = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, per-row setting)
 Penalties = Callable[[torch.Tensor, "Sequence[SamplingRow]"], torch.Tensor]  # (logits, rows)
 FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+class TokenConstraint(Protocol):
+    """A sample's grammar state (minserve/structured/matcher.py): the tokens allowed next."""
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Set bit j of word w of `bitmask[row]` (int32) iff token 32 w + j is allowed."""
+        ...
 
 
 @dataclass
@@ -44,6 +57,7 @@ class SamplingRow:
     output_token_ids: Sequence[int]
     generator: torch.Generator | None  # a CPU generator; None: the global RNG
     eos_token_ids: tuple[int, ...] = ()  # forbidden, with stop_token_ids, until min_tokens
+    constraint: TokenConstraint | None = None  # structured output: read here, never advanced
 
 
 @dataclass
@@ -172,6 +186,37 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
 # <<< exercise
 
 
+def apply_token_bitmasks(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Structured output: each constrained row's forbidden tokens -> -inf (a copy; `logits`
+    itself when no row has a grammar).
+
+    Each grammar writes its allowed tokens as bits, 32 tokens to an int32 word (6 KB a row for
+    49k tokens instead of 49k booleans); the words are unpacked on the logits' device. Ids
+    past the grammar's vocabulary (a model's padding ids) have no bit and are forbidden.
+    """
+    constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
+    if not constrained:
+        return logits
+    vocab = logits.shape[-1]
+    bitmask = torch.full((len(constrained), (vocab + 31) // 32), -1, dtype=torch.int32)
+    for j, i in enumerate(constrained):
+        rows[i].constraint.fill_bitmask(bitmask, j)  # type: ignore[union-attr]
+    allowed = unpack_bitmask(bitmask.to(logits.device), vocab)  # [constrained, vocab]
+    masked = torch.where(allowed, logits[constrained], float("-inf"))  # [constrained, vocab]
+    if len(constrained) == len(rows):
+        return masked
+    out = logits.clone()
+    out[constrained] = masked
+    return out
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 [rows, words] -> bool [rows, vocab]: token 32 w + j is bit j of word w."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [rows, words, 32]; the sign bit too
+    return bits.flatten(1)[:, :vocab].bool()
+
+
 def suppress_stop_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """min_tokens: forbid EOS and `stop_token_ids` while a row has fewer outputs (a copy)."""
     row_index: list[int] = []
@@ -218,10 +263,10 @@ class Sampler:
             raise ValueError(
                 f"logits must be [num_rows={len(rows)}, vocab], got shape {tuple(logits.shape)}"
             )
-        logits = logits.float()
+        logits = apply_token_bitmasks(logits.float(), rows)
         raw_logprobs = logits.log_softmax(dim=-1) if _wants_logprobs(rows) else None
         logits = suppress_stop_tokens(self.penalties_fn(logits, rows), rows)
-        failed = unsampleable_rows(logits)
+        failed = unsampleable_rows(logits, rows)
         drawn = [i for i, row in enumerate(rows) if not row.params.greedy and i not in failed]
         if len(drawn) < len(rows):
             token_ids = logits.argmax(dim=-1)  # [rows]; right for greedy rows
@@ -292,31 +337,39 @@ def draw_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [rows]
 
 
-def unsampleable_rows(logits: torch.Tensor) -> dict[int, str]:
+def unsampleable_rows(
+    logits: torch.Tensor, rows: Sequence[SamplingRow] | None = None
+) -> dict[int, str]:
     """The rows of `logits` [rows, vocab] no token can be drawn from, and why.
 
     One reduction tells: a row's max is NaN if any logit is NaN (torch's max propagates it),
-    +inf if any is +inf, and -inf only if every token is forbidden.
+    +inf if any is +inf, and -inf only if every token is forbidden (for a row with a
+    grammar: it allows nothing the vocabulary can spell, or min_tokens outlasts it).
     """
     top = logits.amax(dim=-1)  # [rows]
     bad = (~top.isfinite()).nonzero().flatten().tolist()
-    return {i: _unsampleable_reason(top[i].item()) for i in bad}
+    constrained = {i for i, row in enumerate(rows or ()) if row.constraint is not None}
+    return {i: _unsampleable_reason(top[i].item(), i in constrained) for i in bad}
 
 
-def _unsampleable_reason(top: float) -> str:
+def _unsampleable_reason(top: float, constrained: bool) -> str:
     if math.isnan(top):
         return "its logits hold NaN"
     if top > 0:
         return "its logits hold +inf"
+    if constrained:
+        return f"{GRAMMAR_DEAD_END} (or min_tokens outlasts the grammar)"
     return "every token is forbidden (all logits are -inf)"
 
 
 def is_plain_greedy(row: SamplingRow) -> bool:
     """Whether the sampler would answer this row with the plain argmax of its logits: greedy,
-    no logprobs, no penalties, and no stop tokens to forbid yet (min_tokens)."""
+    no logprobs, no penalties, no grammar (its mask comes first), and no stop tokens to
+    forbid yet (min_tokens)."""
     params = row.params
     return (
         params.greedy
+        and row.constraint is None
         and params.logprobs is None
         and not has_penalties(params)
         and not (

@@ -191,6 +191,13 @@ class AsyncEngine:
             for i, (text, ids) in enumerate(prompts)
         ]
         self._reserve(adds)
+        if params.structured_outputs is not None:  # compile the grammar here, not in a step
+            try:
+                await asyncio.to_thread(self.engine.check_params, params)
+            except BaseException:
+                for add in adds:
+                    self._release(add.request_id)
+                raise
         for add in adds:
             self._inbox.put(add)
         stream = RequestStream(self, [a.request_id for a in adds], sink)

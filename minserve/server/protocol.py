@@ -21,7 +21,11 @@ from pydantic_core import PydanticCustomError
 
 from minserve.sampling_params import OPENAI_PENALTY_RANGE as PENALTY
 from minserve.sampling_params import REPETITION_PENALTY_RANGE as REPETITION
-from minserve.sampling_params import TEMPERATURE_RANGE, SamplingParams
+from minserve.sampling_params import (
+    TEMPERATURE_RANGE,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 from minserve.scheduler.policy import SLO_CLASSES
 
 MAX_N = 16  # samples per request: a cap so that one request cannot take every seat
@@ -96,6 +100,53 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs`: exactly one of json (a schema), regex, choice, grammar
+    (EBNF), json_object; with disable_any_whitespace and whitespace_pattern."""
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")  # "json": BaseModel's
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+
+    def params(self) -> StructuredOutputsParams:
+        return StructuredOutputsParams(
+            json=self.json_schema, regex=self.regex, choice=self.choice, grammar=self.grammar,
+            json_object=self.json_object, disable_any_whitespace=self.disable_any_whitespace,
+            whitespace_pattern=self.whitespace_pattern,
+        )  # fmt: skip
+
+
+class JsonSchemaFormat(_Strict):
+    """OpenAI's `response_format.json_schema`: the schema is always enforced (`strict` or
+    not: the grammar allows nothing else)."""
+
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")  # "schema": BaseModel's
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format`: text (free), json_object (any JSON object) or
+    json_schema (JSON valid against `json_schema.schema`)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def params(self) -> StructuredOutputsParams | None:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema goes with "type": "json_schema", and only there')
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.json_schema is not None:
+            return StructuredOutputsParams(json=self.json_schema.json_schema)
+        return None
+
+
 class _SamplingRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI + vLLM extras)."""
 
@@ -119,6 +170,7 @@ class _SamplingRequest(_Strict):
     stream_options: StreamOptions | None = None
     priority: Priority | None = None  # an int (lower first) or an SLO class name
     user: str | None = None  # an end-user id for the caller's own logs; not used here
+    structured_outputs: StructuredOutputs | None = None  # vLLM's: json, regex, choice, ...
 
     @property
     def max_tokens_param(self) -> str:
@@ -138,6 +190,15 @@ class _SamplingRequest(_Strict):
     def prompt_only(self) -> bool:
         """max_tokens 0: no generated text (the engine's one token dropped)."""
         return False
+
+    @property
+    def structured_field(self) -> str:
+        """The field that asked for structured output, as named in errors."""
+        return "structured_outputs"
+
+    def structured_output_params(self) -> StructuredOutputsParams | None:
+        """The constraint on the output; ValueError when it is malformed."""
+        return None if self.structured_outputs is None else self.structured_outputs.params()
 
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
@@ -162,6 +223,7 @@ class _SamplingRequest(_Strict):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=self.structured_output_params(),
         )
 
 
@@ -225,10 +287,22 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: Int64 | None = Field(None, json_schema_extra=bounds(ge=1))
     logprobs: bool = False
     top_logprobs: integer(0, MAX_LOGPROBS) | None = None
+    response_format: ResponseFormat | None = None
 
     @property
     def max_tokens_param(self) -> str:
         return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+
+    @property
+    def structured_field(self) -> str:
+        return "structured_outputs" if self.response_format is None else "response_format"
+
+    def structured_output_params(self) -> StructuredOutputsParams | None:
+        if self.response_format is None:
+            return super().structured_output_params()
+        if self.structured_outputs is not None:
+            raise ValueError("give response_format or structured_outputs, not both")
+        return self.response_format.params()
 
     def sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:

@@ -18,7 +18,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from minserve.errors import PromptTooLongError
+from minserve.errors import (
+    GRAMMAR_DEAD_END,
+    PromptTooLongError,
+    StructuredOutputBusyError,
+    StructuredOutputError,
+)
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.sampling_params import SamplingParams
@@ -95,11 +100,12 @@ class OpenAIServing:
         fmt: ChoiceFormat, kind: str,
     ) -> Response:  # fmt: skip
         check_model(body.model, self.config.model_name)
+        _as_api_error(body.structured_output_params, body.structured_field)  # names the field
         params = _as_api_error(body.sampling_params, None)
         priority = self._priority(body.priority)
         given = body.max_tokens_param in body.model_fields_set
         self.limits.check([len(ids) for _, ids in prompts], params, body.max_tokens_param, given)
-        stream = await self._submit(prompts, params, priority)
+        stream = await self._submit(prompts, params, priority, body.structured_field)
         response_id = f"{kind}-{uuid.uuid4().hex}"
         model = self.config.model_name
         if body.stream:
@@ -108,7 +114,7 @@ class OpenAIServing:
             return StreamingResponse(events, media_type="text/event-stream")
         outputs: dict[int, RequestOutput] = {}  # prompt index -> its whole output
         drained = _drain(stream, outputs, body.prompt_only)
-        finished = await self._wait_unless_disconnected(request, drained)
+        finished = await self._wait_unless_disconnected(request, drained, body.structured_field)
         if not finished:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed"
         choices = [fmt.choice(p) for p in whole_pieces(outputs, params.n, body.echoes_prompt)]
@@ -125,11 +131,17 @@ class OpenAIServing:
             )  # fmt: skip
         return _as_api_error(lambda: priority_value(value), "priority")
 
-    async def _submit(self, prompts: list[Prompt], params: SamplingParams, priority: int):
+    async def _submit(
+        self, prompts: list[Prompt], params: SamplingParams, priority: int, structured_field: str
+    ):
         try:
             return await self.engine.submit(prompts, params, priority)
         except PromptTooLongError as e:
             raise APIError(400, str(e), param="prompt", code="context_length_exceeded") from e
+        except StructuredOutputBusyError as e:  # runaway compiles hold the compiler's cores
+            raise APIError(503, str(e), code="server_overloaded", param=structured_field) from e
+        except StructuredOutputError as e:  # the schema, regex or grammar does not compile
+            raise APIError(400, str(e), param=structured_field) from e
         except ValueError as e:
             raise APIError(400, str(e), param="prompt") from e
         except RequestRefusedError as e:  # it would miss a target: say when to come back
@@ -138,7 +150,9 @@ class OpenAIServing:
         except (EngineOverloadedError, EngineStoppedError) as e:
             raise APIError(503, str(e), code="server_overloaded") from e
 
-    async def _wait_unless_disconnected(self, request: Request, work: asyncio.Future) -> bool:
+    async def _wait_unless_disconnected(
+        self, request: Request, work: asyncio.Future, structured_field: str
+    ) -> bool:
         task = asyncio.ensure_future(work)
         while not task.done():
             await asyncio.wait({task}, timeout=self.config.disconnect_poll_s)
@@ -148,7 +162,7 @@ class OpenAIServing:
         try:
             task.result()  # re-raise an engine failure
         except (EngineStepError, EngineStoppedError, RequestsFailedError) as error:
-            raise _generation_failed(error) from error
+            raise _generation_failed(error, structured_field) from error
         return True
 
 
@@ -191,14 +205,18 @@ async def _events(
             counts = usage(choices.prompt_tokens, choices.completion_tokens)
             yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[], usage=counts))
     except Exception as error:  # headers are sent: report in-band, as OpenAI does
-        yield sse(_generation_failed(error).body())
+        yield sse(_generation_failed(error, body.structured_field).body())
     finally:
         stream.abort()  # no-op when finished; frees the blocks when the client left
     yield sse("[DONE]")
 
 
-def _generation_failed(error: Exception) -> APIError:
-    """A request the engine dropped mid-generation: a 500 (in the body or as an SSE event)."""
+def _generation_failed(error: Exception, structured_field: str | None = None) -> APIError:
+    """A request the engine dropped mid-generation: a 500 (in the body or as an SSE event),
+    or a 400 when its structured output's grammar required what the model cannot spell."""
+    if isinstance(error, RequestsFailedError) and GRAMMAR_DEAD_END in str(error):
+        message = f"the structured output cannot be completed by this model: {error}"
+        return APIError(400, message, param=structured_field)
     code = "engine_step_failed" if isinstance(error, EngineStepError) else None
     return APIError(500, f"generation failed: {error}", code=code)
 
