@@ -41,7 +41,7 @@ from minserve.attention.backends import choose_attention
 from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_args import EngineArgs
 from minserve.engine_metrics import EngineCounters, engine_metrics
-from minserve.errors import RequestsFailedError, StepFailedError, StructuredOutputError
+from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.kvcache.host_tier import host_tier_for
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
 from minserve.kvcache.manager import KVCacheManager
@@ -213,6 +213,7 @@ class LLMEngine:
         self.observers: list[StepObserver] = []  # called with each step's record
         self._grammars: GrammarCompiler | None = None  # structured output, on first use
         self._grammars_lock = threading.Lock()
+        self._choice_vocabulary = None  # a structured.choice_dfa.Vocabulary, on first use
 
     def _kv_manager(
         self, cache_config: CacheConfig, plugins: CoursePlugins, pool: PagedKVPool
@@ -268,11 +269,17 @@ class LLMEngine:
         """Structured output: a matcher at the start of the request's compiled grammar."""
         if params.structured_outputs is None:
             return None
-        if self.worker.speculator is not None:
-            raise StructuredOutputError(
-                "structured_outputs is not supported with speculative decoding yet; "
-                "serve it from an engine without speculative_config"
-            )
+        choice = params.structured_outputs.choice
+        choice_matcher_cls = self.plugins.choice_matcher_cls  # chapter 12's, not xgrammar's
+        if choice is not None and choice_matcher_cls is not None:
+            if self._choice_vocabulary is None:
+                from minserve.structured.choice_dfa import Vocabulary
+
+                grammars = self.grammars()
+                self._choice_vocabulary = Vocabulary.from_tokenizer_info(
+                    grammars.info, grammars.encode
+                )
+            return choice_matcher_cls.build(choice, self._choice_vocabulary)
         return self.grammars().matcher(params.structured_outputs)
 
     def grammars(self) -> GrammarCompiler:
@@ -285,7 +292,10 @@ class LLMEngine:
                 info = tokenizer_info(
                     self.loaded.tokenizer, self.vocab_size, self.loaded.eos_token_ids
                 )
-                self._grammars = GrammarCompiler(info)
+                tokenizer = self.loaded.tokenizer
+                self._grammars = GrammarCompiler(
+                    info, lambda text: tokenizer.encode(text, add_special_tokens=False)
+                )
             return self._grammars
 
     def _first_sequence(self, request: Request, priority: int) -> Sequence:
@@ -392,8 +402,9 @@ class LLMEngine:
         return self.loaded.tokenizer
 
     def shutdown(self) -> None:
-        """Stop what runs beside this engine (a tensor-parallel group's other ranks), if any;
-        the engine cannot step afterwards."""
+        """Stop what runs beside this engine (the worker's mask thread, a tensor-parallel
+        group's other ranks); the engine cannot step afterwards."""
+        self.worker.masks.shutdown()
         if self.tensor_parallel is not None:
             self.tensor_parallel.shutdown()
 

@@ -51,7 +51,9 @@ class CoursePlugins:
     (with attention_backend="triton"). tensor_parallel_layers: the module, by name, whose
     parallel layers every rank builds its shard with (chapter 07). quant_codec: chapter 10's
     block dequantization (with quantization="gguf"); kv_codec: chapter 10's int8 KV
-    arithmetic (with kv_cache_dtype="int8").
+    arithmetic (with kv_cache_dtype="int8"). choice_matcher_cls: chapter 12's matcher of a
+    `choice` constraint (`structured.choice_dfa.ChoiceMatcher`'s shape: `build(choices,
+    vocab)` and the matcher protocol), used instead of xgrammar for `choice` requests.
     """
 
     model_ops: ModelOps | None = None
@@ -69,6 +71,7 @@ class CoursePlugins:
     tensor_parallel_layers: str | None = None
     quant_codec: QuantCodec | None = None
     kv_codec: KVCodec | None = None
+    choice_matcher_cls: type | None = None
 
     def __post_init__(self) -> None:
         check_stop_matcher_cls(self.stop_matcher_cls)
@@ -115,6 +118,13 @@ class CoursePlugins:
             raise ValueError("prefix_cache_cls is used only with enable_prefix_caching=True")
         if self.swap_space_cls is not HostSwapSpace and args.swap_space <= 0:
             raise ValueError("swap_space_cls is used only with swap_space > 0 (GiB of host memory)")
+        if self.choice_matcher_cls is not None and not callable(
+            getattr(self.choice_matcher_cls, "build", None)
+        ):
+            raise ValueError(
+                "choice_matcher_cls must be a class with a `build(choices, vocab)` classmethod, "
+                "as chapter 12's ChoiceMatcher"
+            )
 
     def install(self, loaded: LoadedModel) -> None:
         """Set the model's ops (the student's, or its platform's) and its block codec."""
@@ -128,7 +138,7 @@ class CoursePlugins:
 # the plug-ins only the paged engine calls (its KV cache manager, scheduler, swap space)
 PAGED_ENGINE_PLUGINS = (
     "block_allocator_cls", "block_table_cls", "scheduler_cls", "prefix_cache_cls",
-    "swap_space_cls",
+    "swap_space_cls", "choice_matcher_cls",
 )  # fmt: skip
 
 

@@ -183,3 +183,8 @@ def validate_params(params: SamplingParams, vocab_size: int) -> None:
         raise ValueError(
             f"stop_token_ids must be in [0, {vocab_size}), the model's vocabulary; got {bad[:5]}"
         )
+    bad = [t for t in params.logit_bias or () if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(
+            f"logit_bias keys must be in [0, {vocab_size}), the model's vocabulary; got {bad[:5]}"
+        )

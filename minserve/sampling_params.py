@@ -22,6 +22,7 @@ GREEDY_TEMPERATURE = 1e-5
 TEMPERATURE_RANGE = (0.0, 100.0)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 OPENAI_PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency, as OpenAI documents them
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as OpenAI documents it
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # a JSON schema, regex, choice or grammar the output must follow (None: free text)
     structured_outputs: StructuredOutputsParams | None = None
+    # OpenAI's: {token id: bias in [-100, 100]} added to that token's logit before sampling
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -155,6 +158,12 @@ class SamplingParams:
             all(t >= 0 for t in self.stop_token_ids or ()),
             f"stop_token_ids must be non-negative, got {self.stop_token_ids}",
         )
+        for token_id, bias in (self.logit_bias or {}).items():
+            _check(
+                isinstance(token_id, int) and token_id >= 0,
+                f"logit_bias keys must be token ids (integers >= 0), got {token_id!r}",
+            )
+            _check_range(f"logit_bias[{token_id}]", bias, *LOGIT_BIAS_RANGE)
         _check(
             self.structured_outputs is None
             or isinstance(self.structured_outputs, StructuredOutputsParams),

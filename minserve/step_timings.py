@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, fields
 
 OVERHEAD_PHASES = ("schedule", "prepare", "update")
+PHASES = ("schedule", "propose", "prepare", "forward", "sample", "update")
 
 
 @dataclass
@@ -28,10 +29,15 @@ class StepTimings:
     forward: float = 0.0  # the decoder and the logits of the sampling rows
     sample: float = 0.0  # the sampler
     update: float = 0.0  # append tokens, stop rules, fork, free finished, build outputs
+    # structured output, not phases: the mask thread's time (beside prepare and forward)
+    # and the part of it the sampler waited for (inside sample)
+    masks_filled: float = 0.0
+    masks_waited: float = 0.0
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
+        """The step's wall time: its phases (the mask thread runs beside them)."""
+        return sum(getattr(self, name) for name in PHASES)
 
     @property
     def overhead(self) -> float:

@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field
 
 from minserve import LLM, SamplingParams
 from minserve.errors import RequestsFailedError, StructuredOutputBusyError, StructuredOutputError
-from minserve.model.sampler import Sampler, SamplingRow, apply_token_bitmasks, unpack_bitmask
+from minserve.model.sampler import Sampler, SamplingRow, apply_token_bitmasks
+from minserve.model.token_mask import apply_token_bitmask
 from minserve.sampling_params import StructuredOutputsParams
 from minserve.server.app import build_server
 from minserve.server.background import BackgroundServer
@@ -112,7 +113,12 @@ class AllowOnly:
             bitmask[row, word] |= torch.tensor(1 << bit, dtype=torch.int64).to(torch.int32)
 
 
-def test_unpacking_a_bitmask_gives_bit_j_of_word_w_as_token_32w_plus_j() -> None:
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool [rows, vocab]: the tokens a bitmask allows, read through the sampler's mask."""
+    return apply_token_bitmask(torch.zeros(len(bitmask), vocab), bitmask).isfinite()
+
+
+def test_a_bitmask_allows_token_32w_plus_j_by_bit_j_of_word_w() -> None:
     bitmask = torch.tensor([[0b101, -(2**31)], [-1, 0]], dtype=torch.int32)  # 64 bits a row
     allowed = unpack_bitmask(bitmask, 40)
     assert allowed.shape == (2, 40)
@@ -272,7 +278,8 @@ def test_structured_outputs_take_exactly_one_kind() -> None:
 def test_compiling_is_bounded_in_time_and_overdue_compiles_hold_off_new_ones(llm) -> None:
     from minserve.structured.compiler import GrammarCompiler
 
-    quick = GrammarCompiler(llm.engine.grammars().info, timeout_s=0.05, max_overdue=1)
+    grammars = llm.engine.grammars()
+    quick = GrammarCompiler(grammars.info, grammars.encode, timeout_s=0.05, max_overdue=1)
     slow = StructuredOutputsParams(json={"type": "string", "minLength": 100_000})  # ~0.7 s
     with pytest.raises(StructuredOutputError, match="took longer than 0.05 s"):
         quick.compile(slow)
@@ -290,7 +297,9 @@ def test_padding_ids_past_the_tokenizer_are_never_allowed(llm: LLM) -> None:
     tokenizer = llm.get_tokenizer()
     padded = tokenizer.vocab_size + 64
     info = tokenizer_info(tokenizer, padded, llm.loaded.eos_token_ids)
-    matcher = GrammarCompiler(info).matcher(StructuredOutputsParams(json_object=True))
+    matcher = GrammarCompiler(info, tokenizer.encode).matcher(
+        StructuredOutputsParams(json_object=True)
+    )
     bitmask = torch.full((1, (padded + 31) // 32), -1, dtype=torch.int32)
     matcher.fill_bitmask(bitmask, 0)
     allowed = unpack_bitmask(bitmask, padded)[0]
@@ -298,12 +307,8 @@ def test_padding_ids_past_the_tokenizer_are_never_allowed(llm: LLM) -> None:
     assert not allowed[tokenizer.vocab_size :].any()
 
 
-def test_speculative_decoding_and_the_reference_engine_refuse_structured_outputs(llm) -> None:
+def test_the_reference_engine_refuses_structured_outputs(llm) -> None:
     params = json_params(SCHEMAS["enum"], temperature=0)
-    ngram = {"method": "ngram", "num_speculative_tokens": 2}
-    speculative = LLM(llm.loaded, num_blocks=64, speculative_config=ngram)
-    with pytest.raises(ValueError, match="speculative decoding"):
-        speculative.generate("Hi", params, use_tqdm=False)
     with pytest.raises(ValueError, match="paged engine"):
         LLM(llm.loaded, engine="reference").generate("Hi", params, use_tqdm=False)
 

@@ -421,6 +421,39 @@ CHAPTERS: tuple[Chapter, ...] = (
         ),
         checks="minserve.course.checks_ch10",
     ),
+    Chapter(
+        number="12",
+        slug="structured_output",
+        title="Structured output",
+        module="ch12_structured_output",
+        sources=("model/token_mask.py", "structured/choice_dfa.py"),
+        header=(
+            '"""Chapter 12, Structured output: token masks, and a `choice` constraint as a DFA\n'
+            "over the model's tokens.\n\n"
+            "12.1 applies a token bitmask to the logits (bit j of word w is token 32 w + j);\n"
+            "plug it into the sampler with\n"
+            "`LLM(plugins=CoursePlugins(sampler=Sampler(bitmask_fn=apply_token_bitmask)))`.\n"
+            "12.2 builds the trie of the choices' bytes as a DFA, each state's allowed tokens\n"
+            "as one bitmask row (computed once), and `ChoiceMatcher`, the engine's matcher\n"
+            "over them; 12.3 rolls a matcher back (speculative decoding); 12.4 finds the text\n"
+            "the choices force next (jump-forward). Plug your matcher into the engine with\n"
+            "`LLM(plugins=CoursePlugins(choice_matcher_cls=ChoiceMatcher))`: it then serves\n"
+            "`StructuredOutputsParams(choice=[...])` instead of xgrammar.\n"
+            '"""\n\n'
+            "from __future__ import annotations  # ChoiceMatcher's methods name their class\n\n"
+            "from collections.abc import Iterator, Sequence  # noqa: F401\n\n"
+            "import torch\n\n"
+            "from minserve.structured.choice_dfa import (  # noqa: F401  (your code wants them)\n"
+            "    DONE,\n"
+            "    ChoiceDFA,\n"
+            "    Vocabulary,\n"
+            "    pack_bitmask,\n"
+            "    whole_characters,\n"
+            ")\n"
+            "from minserve.structured.token_matcher import MatcherAfter\n"
+        ),
+        checks="minserve.course.checks_ch12",
+    ),
 )
 
 

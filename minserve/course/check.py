@@ -410,6 +410,21 @@ def run_check(
     `brief` leaves out the line per check (a notebook's second check of a chapter prints
     the line per exercise, the failures and what to do next, not the whole list again).
     """
+    results = checked(chapter_number, impl, stream, root, time_limit, brief, exercise)
+    return 0 if results is not None and all(r.outcome == "passed" for r in results) else 1
+
+
+def checked(
+    chapter_number: str,
+    impl: str = "exercises",
+    stream: TextIO | None = None,
+    root: Path | None = None,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
+    brief: bool = False,
+    exercise: str | None = None,
+) -> list[CheckResult] | None:
+    """`run_check`'s work: the report printed, each check's result returned (None: the
+    implementation could not be loaded, which the report says)."""
     from minserve.course.exercise_map import check_exercises  # runs the stubs: only here
 
     stream = stream or sys.stdout
@@ -420,7 +435,7 @@ def run_check(
         implementation = load_implementation(chapter, impl, root)
     except (KeyError, CourseError) as error:
         print(f"minserve check: {error.args[0]}", file=stream)
-        return 1
+        return None
     owners = check_exercises(chapter)  # check name -> the exercise it belongs to
     checks = [c for c in chapter.load_checks() if not wanted or owners[check_name(c)] == wanted]
     only = f": Exercise {wanted}, {titles[wanted]}" if wanted else ""
@@ -434,7 +449,7 @@ def run_check(
     results = run_chapter(chapter, implementation, time_limit, report, checks)
     scope = Scope(chapter.number, implementation.label, impl, wanted, _hinted(chapter))
     print(summary(by_exercise(results, owners, titles), scope), file=stream)
-    return 0 if all(r.outcome == "passed" for r in results) else 1
+    return results
 
 
 def _exercise_titles(chapter: Chapter) -> dict[str, str]:

@@ -5,19 +5,21 @@ Each row goes through, in order:
    grammar forbids next set to -inf, so everything below (logprobs included, as in vLLM)
    sees the constrained distribution, on every path: greedy, seeded, the filters, penalties;
 1. logprobs, taken from the logits as the model gave them (before anything below);
-2. penalties: repetition (prompt + output tokens), frequency and presence (output only);
-3. min_tokens: EOS and stop tokens forbidden until the row has enough output;
-4. a row left with no token to draw (NaN or +inf logits, or every token forbidden) is
+2. logit_bias: OpenAI's per-token additions;
+3. penalties: repetition (prompt + output tokens), frequency and presence (output only);
+4. min_tokens: EOS and stop tokens forbidden until the row has enough output;
+5. a row left with no token to draw (NaN or +inf logits, or every token forbidden) is
    reported in `SampleResult.failed`: its request fails, the other rows go on;
-5. greedy rows take the argmax; the others divide by temperature (after shifting the row
+6. greedy rows take the argmax; the others divide by temperature (after shifting the row
    so its largest logit is 0: no probability changes, no division overflows), filter
    (top-k, top-p, min-p) and draw by inverse transform sampling: one uniform number per
    row, from the row's own generator, so a seeded row's tokens never depend on which other
    rows share its batch. On a CPU, rows with a temperature and no filter are drawn by a C
    kernel (`kernels/draw_rows.c`): the same draw, two passes over each row instead of eight.
 
-The three filters and the penalties are chapter 00's exercises (the marked regions below);
-`Sampler` takes them as arguments so a student's versions can run inside the real engine.
+The three filters and the penalties are chapter 00's exercises (the marked regions below),
+applying the grammar's bitmask chapter 12's (`token_mask.py`); `Sampler` takes them as
+arguments so a student's versions can run inside the real engine.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from minserve.errors import GRAMMAR_DEAD_END
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
+from minserve.model.token_mask import BitmaskFn, apply_token_bitmask, bitmask_words
 from minserve.sampling_params import SamplingParams
 
 Filter = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, per-row setting)
@@ -41,10 +44,14 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 class TokenConstraint(Protocol):
-    """A sample's grammar state (minserve/structured/matcher.py): the tokens allowed next."""
+    """A sample's grammar state (minserve/structured/): the tokens allowed next."""
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Set bit j of word w of `bitmask[row]` (int32) iff token 32 w + j is allowed."""
+        ...
+
+    def after(self, token_ids: Sequence[int]) -> TokenConstraint:
+        """The constraint at the position after `token_ids` (speculative drafts)."""
         ...
 
 
@@ -186,23 +193,26 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
 # <<< exercise
 
 
-def apply_token_bitmasks(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+def apply_token_bitmasks(
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    bitmask_fn: BitmaskFn = apply_token_bitmask,
+) -> torch.Tensor:
     """Structured output: each constrained row's forbidden tokens -> -inf (a copy; `logits`
     itself when no row has a grammar).
 
-    Each grammar writes its allowed tokens as bits, 32 tokens to an int32 word (6 KB a row for
-    49k tokens instead of 49k booleans); the words are unpacked on the logits' device. Ids
-    past the grammar's vocabulary (a model's padding ids) have no bit and are forbidden.
+    Each grammar writes its allowed tokens as bits into one int32 row of a step's bitmask
+    (`token_mask.py`); `bitmask_fn` (chapter 12's exercise 12.1) applies them on the logits'
+    device. Ids past the grammar's vocabulary (a model's padding ids) have no bit and are
+    forbidden.
     """
     constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
     if not constrained:
         return logits
-    vocab = logits.shape[-1]
-    bitmask = torch.full((len(constrained), (vocab + 31) // 32), -1, dtype=torch.int32)
+    bitmask = torch.zeros((len(constrained), bitmask_words(logits.shape[-1])), dtype=torch.int32)
     for j, i in enumerate(constrained):
         rows[i].constraint.fill_bitmask(bitmask, j)  # type: ignore[union-attr]
-    allowed = unpack_bitmask(bitmask.to(logits.device), vocab)  # [constrained, vocab]
-    masked = torch.where(allowed, logits[constrained], float("-inf"))  # [constrained, vocab]
+    masked = bitmask_fn(logits[constrained], bitmask)  # [constrained, vocab]
     if len(constrained) == len(rows):
         return masked
     out = logits.clone()
@@ -210,11 +220,23 @@ def apply_token_bitmasks(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> t
     return out
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 [rows, words] -> bool [rows, vocab]: token 32 w + j is bit j of word w."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [rows, words, 32]; the sign bit too
-    return bits.flatten(1)[:, :vocab].bool()
+def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """OpenAI's `logit_bias`: add each row's {token id: bias} to its logits (a copy;
+    `logits` itself when no row has one). A bias of -100 all but bans a token, +100 all but
+    forces it; a token the grammar forbids stays -inf."""
+    row_index: list[int] = []
+    token_index: list[int] = []
+    biases: list[float] = []
+    for i, row in enumerate(rows):
+        for token_id, bias in (row.params.logit_bias or {}).items():
+            row_index.append(i)
+            token_index.append(token_id)
+            biases.append(bias)
+    if not row_index:
+        return logits
+    out = logits.clone()
+    out[row_index, token_index] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
+    return out
 
 
 def suppress_stop_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
@@ -242,11 +264,13 @@ class Sampler:
         top_p_fn: Filter = apply_top_p,
         min_p_fn: Filter = apply_min_p,
         penalties_fn: Penalties = apply_penalties,
+        bitmask_fn: BitmaskFn = apply_token_bitmask,
     ) -> None:
         self.top_k_fn = top_k_fn
         self.top_p_fn = top_p_fn
         self.min_p_fn = min_p_fn
         self.penalties_fn = penalties_fn
+        self.bitmask_fn = bitmask_fn  # chapter 12's exercise 12.1
 
     @classmethod
     def from_module(cls, module: ModuleType) -> Sampler:
@@ -263,9 +287,9 @@ class Sampler:
             raise ValueError(
                 f"logits must be [num_rows={len(rows)}, vocab], got shape {tuple(logits.shape)}"
             )
-        logits = apply_token_bitmasks(logits.float(), rows)
+        logits = apply_token_bitmasks(logits.float(), rows, self.bitmask_fn)
         raw_logprobs = logits.log_softmax(dim=-1) if _wants_logprobs(rows) else None
-        logits = suppress_stop_tokens(self.penalties_fn(logits, rows), rows)
+        logits = self.processed(logits, rows)
         failed = unsampleable_rows(logits, rows)
         drawn = [i for i, row in enumerate(rows) if not row.params.greedy and i not in failed]
         if len(drawn) < len(rows):
@@ -276,6 +300,13 @@ class Sampler:
             token_ids[drawn] = self._sample_rows(logits, drawn, [rows[i] for i in drawn])
         logprobs = logprob_dicts(raw_logprobs, token_ids, rows)
         return SampleResult(token_ids.tolist(), logprobs, failed)
+
+    def processed(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """Masked float32 logits [rows, vocab] -> with logit bias, penalties and min_tokens
+        applied (steps 2-4 of the module doc): what the argmax, or temperature and the
+        filters, start from."""
+        logits = apply_logit_bias(logits, rows)
+        return suppress_stop_tokens(self.penalties_fn(logits, rows), rows)
 
     def _sample_rows(
         self, logits: torch.Tensor, drawn: list[int], rows: list[SamplingRow]
@@ -364,12 +395,13 @@ def _unsampleable_reason(top: float, constrained: bool) -> str:
 
 def is_plain_greedy(row: SamplingRow) -> bool:
     """Whether the sampler would answer this row with the plain argmax of its logits: greedy,
-    no logprobs, no penalties, no grammar (its mask comes first), and no stop tokens to
-    forbid yet (min_tokens)."""
+    no logprobs, no logit bias, no penalties, no grammar (its mask comes first), and no stop
+    tokens to forbid yet (min_tokens)."""
     params = row.params
     return (
         params.greedy
         and row.constraint is None
+        and not params.logit_bias
         and params.logprobs is None
         and not has_penalties(params)
         and not (

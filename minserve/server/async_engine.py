@@ -167,6 +167,11 @@ class AsyncEngine:
             self._thread.join()
 
     @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: the token ids a request may name."""
+        return self.engine.vocab_size
+
+    @property
     def num_in_flight(self) -> int:
         """Requests accepted and not yet finished or aborted."""
         return self._in_flight

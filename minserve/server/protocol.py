@@ -1,7 +1,7 @@
 """The OpenAI request bodies the server accepts, as strict pydantic models.
 
-Every field is honoured or the request is refused: unknown fields (`tools`, `logit_bias`,
-`suffix`, ...) are rejected with 400 rather than silently ignored, and values must have
+Every field is honoured or the request is refused: unknown fields (`tools`, `suffix`,
+...) are rejected with 400 rather than silently ignored, and values must have
 their JSON type ("5" is not a number). Two rules follow JSON's number model rather than
 Python's: an integral float (2.0) is an integer, as OpenAI's API takes it, and numbers are
 finite (Python's JSON reader would take `Infinity`, `NaN` and 1e999). Integers fit in 64
@@ -79,6 +79,36 @@ Prompt = Annotated[
          "items": {"type": "array", "items": TOKEN_ID, "minItems": 1}},  # a batch of them
     ]}),
 ]  # fmt: skip
+
+
+LogitBias = Annotated[
+    dict[str, float],
+    schema({
+        "type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+    }),
+]  # fmt: skip
+
+
+def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's `logit_bias` (token ids written as JSON keys) -> {token id: bias}; a
+    ValueError naming a key that is not a token id (SamplingParams checks the biases)."""
+    if logit_bias is None:
+        return None
+    bad = [key for key in logit_bias if not (key.isascii() and key.isdigit())]
+    if bad:
+        raise ValueError(f'logit_bias keys must be token ids such as "1234", got {bad[0]!r}')
+    return {int(key): bias for key, bias in logit_bias.items()}
+
+
+def check_token_ids(logit_bias: dict[str, float] | None, vocab_size: int) -> None:
+    """A ValueError naming a `logit_bias` key that is not one of the model's token ids."""
+    biases = token_biases(logit_bias) or {}
+    bad = [token_id for token_id in biases if token_id >= vocab_size]
+    if bad:
+        raise ValueError(
+            f"logit_bias keys must be in [0, {vocab_size}), the model's vocabulary; got {bad[:5]}"
+        )
 
 
 def bounds(**keywords: float) -> Any:
@@ -171,6 +201,7 @@ class _SamplingRequest(_Strict):
     priority: Priority | None = None  # an int (lower first) or an SLO class name
     user: str | None = None  # an end-user id for the caller's own logs; not used here
     structured_outputs: StructuredOutputs | None = None  # vLLM's: json, regex, choice, ...
+    logit_bias: LogitBias | None = None  # OpenAI's: {"token id": bias in [-100, 100]}
 
     @property
     def max_tokens_param(self) -> str:
@@ -224,6 +255,7 @@ class _SamplingRequest(_Strict):
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             structured_outputs=self.structured_output_params(),
+            logit_bias=token_biases(self.logit_bias),
         )
 
 

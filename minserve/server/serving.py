@@ -40,7 +40,12 @@ from minserve.server.async_engine import (
 from minserve.server.body import read_json_body, require_json
 from minserve.server.errors import APIError, check_api_key, from_validation
 from minserve.server.limits import ServerLimits
-from minserve.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
+from minserve.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _SamplingRequest,
+    check_token_ids,
+)
 from minserve.server.responses import ChatFormat, ChoiceFormat, CompletionFormat, sse, usage
 from minserve.server.streaming import ChoiceStream, token_counts, whole_pieces, without_output
 
@@ -101,6 +106,8 @@ class OpenAIServing:
     ) -> Response:  # fmt: skip
         check_model(body.model, self.config.model_name)
         _as_api_error(body.structured_output_params, body.structured_field)  # names the field
+        vocab_size = self.engine.vocab_size
+        _as_api_error(lambda: check_token_ids(body.logit_bias, vocab_size), "logit_bias")
         params = _as_api_error(body.sampling_params, None)
         priority = self._priority(body.priority)
         given = body.max_tokens_param in body.model_fields_set

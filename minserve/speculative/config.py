@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "draft_model", "early_exit")
+METHODS = ("ngram", "draft_model", "early_exit", "jump_forward")
 DRAFT_LENGTHS = ("fixed", "adaptive")
 
 
@@ -18,7 +18,8 @@ class SpeculativeConfig:
     the sequence's last n tokens, for n from prompt_lookup_max down to prompt_lookup_min).
     "draft_model" (a second model with the target's tokenizer, `model`), or
     "early_exit" (self-speculation: the target's first num_draft_layers layers, default half,
-    with its final norm and LM head).
+    with its final norm and LM head), or "jump_forward" (structured output: the tokens the
+    request's grammar forces next; requests without a grammar draft nothing).
     num_speculative_tokens: k, the most tokens proposed per sequence and step.
     draft_length: "fixed" (always k) or "adaptive" (per request, the g in [1, k] that
     maximises the expected speedup at its running acceptance rate; draft_length.py).

@@ -34,6 +34,11 @@ class Proposal:
     draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)  # seq id -> q [g, vocab]
     num_rounds: int = 0  # draft positions proposed in sequence (the longest draft)
 
+    def drop_unused_probs(self) -> None:
+        """After drafts were cut short (a grammar forbade one): q's rows past them go too."""
+        for seq_id, q in self.draft_probs.items():
+            self.draft_probs[seq_id] = q[: len(self.drafts.get(seq_id, ()))]
+
 
 @dataclass(frozen=True)
 class _Target:

@@ -16,9 +16,9 @@ import torch
 from minserve.model.sampler import (
     Sampler,
     SamplingRow,
+    apply_token_bitmasks,
     draw_from_logits,
     row_uniforms,
-    suppress_stop_tokens,
     unsampleable_rows,
 )
 
@@ -29,16 +29,18 @@ def processed_logits(
     """`logits` [rows, vocab] as `sampler` transforms them before drawing (sampling rows).
 
     Softmax of the result is the distribution the sampler draws each row from; filtered
-    tokens are -inf (probability 0)."""
-    logits = suppress_stop_tokens(sampler.penalties_fn(logits.float(), rows), rows)
-    return sampler.filtered(logits, rows)
+    tokens (and those a row's grammar forbids) are -inf (probability 0)."""
+    masked = apply_token_bitmasks(logits.float(), rows, sampler.bitmask_fn)
+    return sampler.filtered(sampler.processed(masked, rows), rows)
 
 
 def row_after(row: SamplingRow, drafts: list[int]) -> SamplingRow:
-    """The sampling row of the position after `drafts`: they count as output so far."""
+    """The sampling row of the position after `drafts`: they count as output so far, and
+    a grammar is in its state after them."""
     if not drafts:
         return row
-    return replace(row, output_token_ids=[*row.output_token_ids, *drafts])
+    constraint = None if row.constraint is None else row.constraint.after(drafts)
+    return replace(row, output_token_ids=[*row.output_token_ids, *drafts], constraint=constraint)
 
 
 def choose_drafts(

@@ -17,6 +17,7 @@ from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.draft import Draft
 from minserve.speculative.draft_model import DraftModelProposer
 from minserve.speculative.early_exit import EarlyExitProposer
+from minserve.speculative.jump_forward import JumpForwardProposer
 from minserve.speculative.ngram import NgramProposer
 
 
@@ -30,4 +31,6 @@ def make_proposer(config: SpeculativeConfig, runner: ModelRunner) -> Proposer:
         return EarlyExitProposer(config, runner)
     if config.method == "draft_model":
         return DraftModelProposer(config, runner)
+    if config.method == "jump_forward":
+        return JumpForwardProposer(config)
     return (config.proposer_cls or NgramProposer)(config)

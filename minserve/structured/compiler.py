@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -68,18 +68,20 @@ def tokenizer_info(
 
 
 class GrammarCompiler:
-    """Structured-output requests -> compiled grammars for one model's vocabulary."""
+    """Structured-output requests -> compiled grammars for one model's vocabulary; `encode`
+    spells text in that vocabulary (its matchers' `forced_tokens`)."""
 
     def __init__(
         self,
         info: xgr.TokenizerInfo,
+        encode: Callable[[str], list[int]],
         *,
         cache_size: int = 64,
         timeout_s: float = 10.0,
         max_overdue: int = 2,
         compile_threads: int = 1,
     ) -> None:
-        self.info = info
+        self.info, self.encode = info, encode
         self.cache_size, self.timeout_s, self.max_overdue = cache_size, timeout_s, max_overdue
         # xgrammar's own cache would grow without bound: this class keeps the LRU instead
         self._xgr = xgr.GrammarCompiler(info, max_threads=compile_threads, cache_enabled=False)
@@ -89,7 +91,7 @@ class GrammarCompiler:
 
     def matcher(self, params: StructuredOutputsParams) -> GrammarMatcher:
         """A fresh matcher at the start of the grammar `params` asks for."""
-        return GrammarMatcher(xgr.GrammarMatcher(self.compile(params)))
+        return GrammarMatcher(xgr.GrammarMatcher(self.compile(params)), self.encode)
 
     def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
         """The compiled grammar (from the cache when it was compiled before); a

@@ -5,6 +5,8 @@
 1. drop what it keeps for the sequences the step names finished (a draft model's KV), then
    carry out the step's block operations (copy-on-write, swaps, host-tier copies), in order;
 2. speculative decoding: propose drafts in the slots the scheduler reserved;
+   structured output: cut drafts where the grammar forbids one, and start filling the
+   step's grammar masks in a thread of their own (`minserve/structured/step_masks.py`);
 3. lay the chunks out as one flat batch and run the decoder over it (`ModelRunner`);
 4. sample: every row plain greedy -> the argmax straight from the head (no logits kept);
    otherwise the sampler over the logits rows; speculating -> verify the drafts. A row the
@@ -33,6 +35,7 @@ from minserve.messages import (
     ModelRunnerOutput,
     PromptLogprobs,
     SampledTokens,
+    ScheduledChunk,
     SchedulerOutput,
 )
 from minserve.model.llama import CausalLM
@@ -42,6 +45,7 @@ from minserve.model.sampler import Sampler, SamplingRow, is_plain_greedy
 from minserve.speculative.config import SpeculativeConfig
 from minserve.speculative.decoder import Proposal, SpeculativeDecoder
 from minserve.step_timings import PhaseClock
+from minserve.structured.step_masks import MaskFiller
 
 Sampled = dict[int, tuple[SampledTokens, ...]]
 Failed = dict[str, str]  # request id -> why its sampling failed
@@ -75,6 +79,7 @@ class Worker:
             SpeculativeDecoder(speculative_config, self.runner) if speculative_config else None
         )
         self.peers = peers
+        self.masks = MaskFiller(runner.model.config.vocab_size)  # structured output
 
     @property
     def model(self) -> CausalLM:
@@ -102,18 +107,27 @@ class Worker:
             if self.peers is not None and scheduler_output.block_ops:
                 self.peers.send(None, scheduler_output.block_ops)
             return ModelRunnerOutput(timings=clock.timings)
+        chunks, masks = self.masks.start(chunks, proposal.drafts if proposal else {})
+        if proposal is not None and masks is not None:
+            proposal.drop_unused_probs()
         inputs = self.runner.prepare(chunks, proposal.drafts if proposal else None)
         clock.lap("prepare")
         if self.peers is not None:
             self.peers.send(inputs, scheduler_output.block_ops)
         try:
             sampled, failed, prompt_logprobs = self._forward_and_sample(
-                scheduler_output, inputs, proposal, clock
+                chunks, inputs, proposal, clock
             )
         except RuntimeError as error:  # with peers: a collective inside the forward
             if self.peers is None:
                 raise
             raise self.peers.failure(error) from error
+        finally:
+            if masks is not None:  # the matchers are the samples' again
+                masks.finish()
+        if masks is not None:
+            clock.timings.masks_filled += masks.filled_s
+            clock.timings.masks_waited += masks.waited_s
         return ModelRunnerOutput(
             sampled=sampled,
             failed=failed,
@@ -125,14 +139,14 @@ class Worker:
 
     def _forward_and_sample(
         self,
-        scheduler_output: SchedulerOutput,
+        step_chunks: Sequence[ScheduledChunk],
         inputs: ModelInputs,
         proposal: Proposal | None,
         clock: PhaseClock,
     ) -> tuple[Sampled, Failed, dict[str, PromptLogprobs]]:
-        chunks = [c for c in scheduler_output.chunks if c.samples]  # one logits row each
+        chunks = [c for c in step_chunks if c.samples]  # one logits row each
         rows = [row for c in chunks for row in c.samples]
-        scored = [c for c in scheduler_output.chunks if c.prompt_targets]
+        scored = [c for c in step_chunks if c.prompt_targets]
         if proposal is None and not scored and all(is_plain_greedy(row) for row in rows):
             greedy_ids = self.runner.forward_greedy(inputs).tolist()  # [num_sampling]
             clock.lap("forward")
