@@ -64,4 +64,5 @@ def load(args: EngineArgs) -> LoadedModel:
             "dtype, device and quantization apply when loading, and this model is loaded "
             f"already ({param.dtype} on {param.device}); leave them as 'auto' and None"
         )
+    model.platform.plan_new_layers(model.model)  # layers quantized in place since the load
     return model

@@ -4,12 +4,29 @@ exercises passes, the student's after, with the count of checks that pass."""
 from __future__ import annotations
 
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from minserve.course.chapters import REPO_ROOT, get_chapter
 from minserve.course.plug_in import plug_in
 
 CHAPTER = get_chapter("08")  # a chapter whose checks take well under a second
+
+
+@pytest.fixture(autouse=True)
+def _imports_restored() -> Iterator[None]:
+    """plug_in registers its module and root like an import: undo that for other tests."""
+    path = list(sys.path)
+    ours = ("exercises", "solutions")
+    saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ours}
+    yield
+    sys.path[:] = path
+    for name in [k for k in sys.modules if k.split(".")[0] in ours]:
+        del sys.modules[name]
+    sys.modules.update(saved)
 
 
 def _checkout(tmp_path: Path, exercises_from: str) -> Path:
@@ -36,6 +53,7 @@ def test_exercises_that_pass_every_check_run_and_are_called_yours(tmp_path: Path
     assert code.yours and code.passed == code.total > 0
     assert Path(code.module.__file__) == tmp_path / "exercises" / f"{CHAPTER.module}.py"
     assert code.ran == f"ran: yours ({code.total}/{code.total} checks pass)"
+    assert sys.modules[code.module.__name__] is code.module  # pickled by name, as imported
 
 
 def test_a_subset_of_exercises_counts_only_their_checks(tmp_path: Path) -> None:

@@ -245,6 +245,15 @@ def test_a_schema_is_compiled_once_whatever_its_spelling(llm: LLM) -> None:
         (dict(json={"type": "number", "multipleOf": 3}), "multipleOf"),
         (dict(regex="[a-"), "invalid regex"),
         (dict(grammar="root ::= undefined_rule"), "invalid grammar"),
+        (dict(grammar='root ::= "a" root'), "never ends"),
+        (
+            dict(json={"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
+            "never ends",
+        ),
+        (
+            dict(json={"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}),
+            "maxLength beside pattern",
+        ),
         (dict(json_object=True, whitespace_pattern=r"[ ]?"), "whitespace_pattern"),
     ],
 )
@@ -387,3 +396,25 @@ def test_a_malformed_schema_is_a_400_and_the_server_keeps_serving(live, client) 
     assert "cannot be completed by this model" in response.json()["error"]["message"]
     reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4)
     assert reply.choices[0].message.content
+
+
+def test_the_c_mask_equals_the_torch_mask_and_leaves_other_rows_alone() -> None:
+    from minserve.kernels import cpu_ops
+    from minserve.kernels.build import cpu_kernels
+
+    if cpu_kernels() is None:
+        pytest.fail("the C kernels did not build on this machine: the CPU engine needs them")
+    generator = torch.Generator().manual_seed(0)
+    for vocab in (1, 31, 33, 70, 49152):
+        words = torch.randint(-(2**31), 2**31, (4, (vocab + 31) // 32), generator=generator)
+        bitmask = words.to(torch.int32)
+        bitmask[0], bitmask[1] = 0, -1  # nothing allowed; everything allowed
+        logits = torch.randn(4, vocab, generator=generator)
+        expected = apply_token_bitmask(logits, bitmask)
+        assert torch.equal(cpu_ops.mask_rows(logits.clone(), bitmask), expected)
+    rows = [SamplingRow(SamplingParams(temperature=0), [1], [], None, constraint=AllowOnly({3}))]
+    rows.append(SamplingRow(SamplingParams(temperature=0), [1], [], None))
+    logits = torch.randn(2, 70)
+    masked = apply_token_bitmasks(logits, rows)  # the sampler's default path: C on a CPU
+    assert masked[0].isfinite().nonzero().flatten().tolist() == [3]
+    assert torch.equal(masked[1], logits[1]) and logits.isfinite().all()

@@ -13,6 +13,7 @@ student did not write.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -59,6 +60,9 @@ def plug_in(
     passed = sum(r.outcome == "passed" for r in results)
     yours = bool(results) and passed == len(results)
     module = load_implementation(chapter, "exercises" if yours else "solutions", root).module
+    sys.modules[module.__name__] = module  # as an import: pickling by name finds this module
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # and processes the engine spawns import it by name
     return PluggedIn(module, yours, passed, len(results))
 
 

@@ -46,6 +46,7 @@ SIGNATURES = {  # C function -> (restype, argtypes)
     "silu_mul_f32": (None, [_ptr] * 2 + [_i64] * 4),
     "silu_mul_bf16": (None, [_ptr] * 2 + [_i64] * 4),
     "draw_rows": (None, [_ptr] * 3 + [_i64] * 3 + [_ptr] * 2),
+    "mask_rows": (None, [_ptr] * 2 + [_i64] * 4),
     "linear_rows_f32": (None, [_ptr] * 4 + [_i64] * 3),
     "linear_rows_bf16": (ctypes.c_int, [_ptr] * 4 + [_i64] * 3),
     "bf16_panels_native": (ctypes.c_int, []),

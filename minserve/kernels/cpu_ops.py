@@ -189,6 +189,24 @@ def draw_rows(
     return out
 
 
+def mask_rows(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Structured output's mask, in place: every token the int32 bitmask [N, words] forbids
+    (bit j of word w is token 32 w + j) gets -inf in logits [N, vocab] (fp32, CPU;
+    `token_mask.c`). Returns `logits`."""
+    rows, vocab = logits.shape
+    if logits.dtype != torch.float32 or logits.stride(-1) != 1 or not logits.is_cpu:
+        raise ValueError(f"mask_rows takes CPU fp32 rows, got {logits.dtype} on {logits.device}")
+    bitmask = bitmask.to(torch.int32).contiguous()
+    if bitmask.shape[0] != rows or bitmask.shape[1] * 32 < vocab:
+        raise ValueError(
+            f"a bitmask {tuple(bitmask.shape)} does not cover logits {tuple(logits.shape)}"
+        )
+    cpu_kernels().mask_rows(
+        logits.data_ptr(), bitmask.data_ptr(), rows, vocab, logits.stride(0), bitmask.shape[1]
+    )
+    return logits
+
+
 QUANT_BLOCK = 32  # weights per GGUF block
 QUANT_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # the block formats `quant_rows.c` reads
 

@@ -203,8 +203,9 @@ def apply_token_bitmasks(
 
     Each grammar writes its allowed tokens as bits into one int32 row of a step's bitmask
     (`token_mask.py`); `bitmask_fn` (chapter 12's exercise 12.1) applies them on the logits'
-    device. Ids past the grammar's vocabulary (a model's padding ids) have no bit and are
-    forbidden.
+    device (on a CPU with the C kernels the default one runs as `token_mask.c`: the same
+    result, each word read once). Ids past the grammar's vocabulary (a model's padding ids)
+    have no bit and are forbidden.
     """
     constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
     if not constrained:
@@ -212,12 +213,20 @@ def apply_token_bitmasks(
     bitmask = torch.zeros((len(constrained), bitmask_words(logits.shape[-1])), dtype=torch.int32)
     for j, i in enumerate(constrained):
         rows[i].constraint.fill_bitmask(bitmask, j)  # type: ignore[union-attr]
-    masked = bitmask_fn(logits[constrained], bitmask)  # [constrained, vocab]
+    if bitmask_fn is apply_token_bitmask and _c_mask_applies(logits):  # the same, in C
+        masked = cpu_ops.mask_rows(logits[constrained], bitmask)  # a copy's rows, in place
+    else:
+        masked = bitmask_fn(logits[constrained], bitmask)  # [constrained, vocab]
     if len(constrained) == len(rows):
         return masked
     out = logits.clone()
     out[constrained] = masked
     return out
+
+
+def _c_mask_applies(logits: torch.Tensor) -> bool:
+    """Whether `token_mask.c` can apply the mask: fp32 logits on a CPU with the C kernels."""
+    return logits.is_cpu and logits.dtype == torch.float32 and cpu_kernels() is not None
 
 
 def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

@@ -34,5 +34,10 @@ class Platform:
         """The model runner for one engine's pool and attention backend."""
         return ModelRunner(model, kv, backend)
 
+    def plan_new_layers(self, model: CausalLM) -> int:
+        """Give the platform's kernels to quantized layers made after the model was loaded
+        (a model quantized in place, chapter 10); how many. The plain platform has none."""
+        return 0
+
 
 PLAIN = Platform()

@@ -134,11 +134,30 @@ def _write_limits(fields: dict[str, dict], limits: ServerLimits, takes_priority:
     without the priority policy."""
     fields["n"]["maximum"] = min(fields["n"]["maximum"], limits.max_num_seqs)
     fields["stop_token_ids"]["anyOf"][0]["items"]["maximum"] = limits.vocab_size - 1
+    logit_bias_keys = fields["logit_bias"]["anyOf"][0]["propertyNames"]
+    logit_bias_keys["pattern"] = f"^({integers_up_to(limits.vocab_size - 1)})$"
     for name in ("max_tokens", "max_completion_tokens"):
         if name in fields:
             fields[name]["maximum"] = limits.max_model_len - 1
     if not takes_priority:
         del fields["priority"]
+
+
+def integers_up_to(limit: int) -> str:
+    """A regex of the decimal integers 0 to `limit` (no leading zeros): JSON object keys
+    (logit_bias' token ids) cannot be bounded as numbers."""
+    digits = str(limit)
+    shorter = ["0"] + ([f"[1-9][0-9]{{0,{len(digits) - 2}}}"] if len(digits) > 1 else [])
+    same_length = []  # below `limit` from its first differing digit on, then `limit` itself
+    for i, top in enumerate(digits):
+        low = 1 if i == 0 else 0
+        if int(top) > low:
+            rest = len(digits) - i - 1
+            tail = f"[0-9]{{{rest}}}" if rest else ""
+            same_length.append(f"{digits[:i]}[{low}-{int(top) - 1}]{tail}")
+    if len(digits) > 1:
+        same_length.append(digits)
+    return "|".join(shorter + same_length) if len(digits) > 1 else f"[0-{limit}]"
 
 
 def _write_prompt_limits(prompt: dict[str, list[dict]], limits: ServerLimits) -> None:

@@ -13,19 +13,21 @@ the JSON schema (`bounds`), so /openapi.json tells clients what is allowed.
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from minserve.sampling_params import OPENAI_PENALTY_RANGE as PENALTY
-from minserve.sampling_params import REPETITION_PENALTY_RANGE as REPETITION
 from minserve.sampling_params import (
+    LOGIT_BIAS_RANGE,
     TEMPERATURE_RANGE,
     SamplingParams,
     StructuredOutputsParams,
 )
+from minserve.sampling_params import OPENAI_PENALTY_RANGE as PENALTY
+from minserve.sampling_params import REPETITION_PENALTY_RANGE as REPETITION
 from minserve.scheduler.policy import SLO_CLASSES
 
 MAX_N = 16  # samples per request: a cap so that one request cannot take every seat
@@ -84,10 +86,13 @@ Prompt = Annotated[
 LogitBias = Annotated[
     dict[str, float],
     schema({
-        "type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+        "type": "object", "propertyNames": {"pattern": "^(0|[1-9][0-9]*)$"},
         "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
     }),
 ]  # fmt: skip
+
+
+_TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]*")  # a token id as a JSON key: no sign, no leading 0
 
 
 def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -95,20 +100,25 @@ def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None
     ValueError naming a key that is not a token id (SamplingParams checks the biases)."""
     if logit_bias is None:
         return None
-    bad = [key for key in logit_bias if not (key.isascii() and key.isdigit())]
+    bad = [key for key in logit_bias if not _TOKEN_ID_KEY.fullmatch(key)]
     if bad:
         raise ValueError(f'logit_bias keys must be token ids such as "1234", got {bad[0]!r}')
     return {int(key): bias for key, bias in logit_bias.items()}
 
 
-def check_token_ids(logit_bias: dict[str, float] | None, vocab_size: int) -> None:
-    """A ValueError naming a `logit_bias` key that is not one of the model's token ids."""
+def check_logit_bias(logit_bias: dict[str, float] | None, vocab_size: int) -> None:
+    """A ValueError naming a `logit_bias` key that is not one of the model's token ids, or
+    a bias outside [-100, 100]."""
     biases = token_biases(logit_bias) or {}
     bad = [token_id for token_id in biases if token_id >= vocab_size]
     if bad:
         raise ValueError(
             f"logit_bias keys must be in [0, {vocab_size}), the model's vocabulary; got {bad[:5]}"
         )
+    low, high = LOGIT_BIAS_RANGE
+    for token_id, bias in biases.items():
+        if not low <= bias <= high:
+            raise ValueError(f"logit_bias[{token_id}] must be in [{low:g}, {high:g}], got {bias}")
 
 
 def bounds(**keywords: float) -> Any:

@@ -44,7 +44,7 @@ from minserve.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     _SamplingRequest,
-    check_token_ids,
+    check_logit_bias,
 )
 from minserve.server.responses import ChatFormat, ChoiceFormat, CompletionFormat, sse, usage
 from minserve.server.streaming import ChoiceStream, token_counts, whole_pieces, without_output
@@ -107,7 +107,7 @@ class OpenAIServing:
         check_model(body.model, self.config.model_name)
         _as_api_error(body.structured_output_params, body.structured_field)  # names the field
         vocab_size = self.engine.vocab_size
-        _as_api_error(lambda: check_token_ids(body.logit_bias, vocab_size), "logit_bias")
+        _as_api_error(lambda: check_logit_bias(body.logit_bias, vocab_size), "logit_bias")
         params = _as_api_error(body.sampling_params, None)
         priority = self._priority(body.priority)
         given = body.max_tokens_param in body.model_fields_set

@@ -15,7 +15,9 @@ Hence three rules here:
   (StructuredOutputError, a 400 on the server) while the compile finishes in the
   background. While `max_overdue` such compiles still run, new grammars are refused
   (StructuredOutputBusyError, a 503), so runaway grammars cannot take every core;
-- **errors name the problem**: xgrammar's message, prefixed with what failed.
+- **errors name the problem**: xgrammar's message, prefixed with what failed; a grammar
+  that can never end (`root ::= "a" root`, or a schema that requires itself) is refused
+  too (`grammar_ends.py`): its every output would run to max_tokens.
 
 The cache holds futures, so a second request for a grammar still compiling waits for the
 same compile, and a grammar that failed is refused at once the next time.
@@ -36,6 +38,7 @@ from transformers import PreTrainedTokenizerFast
 from minserve.errors import StructuredOutputBusyError, StructuredOutputError
 from minserve.model.tokenizer import Tokenizer
 from minserve.sampling_params import StructuredOutputsParams
+from minserve.structured.grammar_ends import can_end
 from minserve.structured.grammar_spec import JSON_MAX_WHITESPACE, GrammarSpec, grammar_spec
 from minserve.structured.matcher import GrammarMatcher
 
@@ -147,6 +150,15 @@ class GrammarCompiler:
                 self._overdue.discard(spec)
 
     def _compile_now(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        compiled = self._compile_kind(spec)
+        if not can_end(str(compiled.grammar)):
+            raise ValueError(
+                "it never ends: its root rule cannot derive a finite text (every "
+                "alternative recurses), so every output would run to max_tokens"
+            )
+        return compiled
+
+    def _compile_kind(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         if spec.kind == "json_schema":  # without any whitespace: {"a": 1, "b": [2, 3]}
             return self._xgr.compile_json_schema(
                 spec.text, any_whitespace=spec.any_whitespace,

@@ -90,8 +90,9 @@ def check_enforceable(schema: Any) -> None:
     if first is not None:
         path, keyword = first
         raise StructuredOutputError(
-            f"{path} uses {keyword!r}, which xgrammar does not enforce; "
-            f"not supported: {', '.join(sorted(UNENFORCED_KEYWORDS))}"
+            f"{path} uses {keyword!r}, which xgrammar does not enforce; not supported: "
+            f"{', '.join(sorted(UNENFORCED_KEYWORDS))}, and minLength or maxLength beside a "
+            "pattern (put the length in the pattern: [a-z]{1,8})"
         )
 
 
@@ -101,6 +102,9 @@ def unenforced_keywords(schema: Any, path: str) -> Iterator[tuple[str, str]]:
         return
     for keyword in sorted(UNENFORCED_KEYWORDS & schema.keys()):
         yield path, keyword
+    if "pattern" in schema:  # xgrammar keeps the pattern and drops the lengths
+        for keyword in sorted({"minLength", "maxLength"} & schema.keys()):
+            yield path, f"{keyword} beside pattern"
     for key in _NAMED_SUBSCHEMAS:
         for name, sub in _items(schema.get(key)):
             yield from unenforced_keywords(sub, f"{path}.{key}.{name}")

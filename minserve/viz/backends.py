@@ -26,5 +26,6 @@ def plot_backend_times(
     ax.set_xticks(range(len(batches)), [f"{group} {b}" for b in batches])
     ax.set_ylabel(unit)
     ax.set_title(title)
-    ax.legend()
+    ax.margins(y=0.12)  # room for the bars' labels
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside: hides no bar
     return fig

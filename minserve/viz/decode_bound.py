@@ -6,21 +6,19 @@ every weight once. Whichever floor is higher bounds the step: for decoding, memo
 
 from __future__ import annotations
 
-from typing import Any
+from matplotlib.figure import Figure
 
 
-def plot_decode_bound(step_s: float, read_s: float, math_s: float) -> Any:
+def plot_decode_bound(step_s: float, read_s: float, math_s: float) -> Figure:
     """Horizontal bars, in milliseconds: the measured step, the memory floor, the compute floor."""
-    import matplotlib.pyplot as plt
-
     labels = ["measured decode step", "read every weight once", "every multiply-add"]
     values = [step_s * 1e3, read_s * 1e3, math_s * 1e3]
-    fig, ax = plt.subplots(figsize=(7, 2.2))
+    fig = Figure(figsize=(7, 2.2), layout="constrained")  # shown once, as the cell's value
+    ax = fig.subplots()
     ax.barh(labels[::-1], values[::-1], color=["tab:green", "tab:blue", "tab:grey"])
     for y, value in enumerate(values[::-1]):
         ax.text(value, y, f" {value:.2f} ms", va="center", fontsize=8)
     ax.set_xlabel("milliseconds per decode step (batch 1)")
     ax.set_xlim(0, max(values) * 1.25)
     ax.set_title("Decoding is memory-bound: reading the weights, not the arithmetic, sets the pace")
-    fig.tight_layout()
     return fig

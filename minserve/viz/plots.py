@@ -84,7 +84,8 @@ def plot_sampling_filters(
         colours = [KEPT if mask[i] else DROPPED for i in top_ids.tolist()]
         ax.bar(range(num_tokens), probs[top_ids].tolist(), color=colours)
         ax.set_xticks(range(num_tokens), labels, rotation=90)
-        ax.set_title(f"{title}: keeps {int(mask.sum())} tokens")
+        kept = int(mask.sum())
+        ax.set_title(f"{title}: keeps {kept} token{'' if kept == 1 else 's'}")
     fig.axes[0].set_ylabel("probability")
     return fig
 

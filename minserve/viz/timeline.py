@@ -69,7 +69,9 @@ def plot_inter_token_latency(
     """Inter-token latency of `request_ids` against time, one colour per trace.
 
     A point is a token: when it came out, and how long after the request's previous one.
-    `mark` names a request whose arrival is drawn as a dashed line.
+    The line steps: a gap is the wait that ends at its token, so a stall is a wall, not a
+    ramp from the token before. `mark` names a request whose arrival is drawn as a dashed
+    line.
     """
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     ax = fig.subplots()
@@ -77,7 +79,15 @@ def plot_inter_token_latency(
         for i, request_id in enumerate(request_ids):
             times = trace.token_times(request_id)[1:]
             gaps = [1000 * g for g in trace.inter_token_latencies(request_id)]
-            ax.plot(times, gaps, ".-", color=color, alpha=0.7, label=label if i == 0 else None)
+            ax.step(
+                times,
+                gaps,
+                ".-",
+                where="pre",
+                color=color,
+                alpha=0.7,
+                label=label if i == 0 else None,
+            )
         if mark is not None:
             ax.axvline(trace.arrival_time(mark), color=color, linestyle="--", linewidth=1)
     ax.set_xlabel("seconds (engine time)")

@@ -58,12 +58,17 @@ def int8_plan(layer: Int8Linear, dtype: torch.dtype) -> LinearPlan:
     )
 
 
-def plan_quantized_linears(model: nn.Module, dtype: torch.dtype) -> int:
-    """Give every quantized linear layer of `model` its CPU plan; returns how many."""
+def plan_quantized_linears(
+    model: nn.Module, dtype: torch.dtype, unplanned_only: bool = False
+) -> int:
+    """Give every quantized linear layer of `model` (or those without kernels yet) its CPU
+    plan; returns how many."""
     count = 0
     for m in model.modules():
-        if isinstance(m, QuantizedLinear):
-            m.plan, count = quantized_plan(m, dtype), count + 1
-        elif isinstance(m, Int8Linear):
-            m.plan, count = int8_plan(m, dtype), count + 1
+        if not isinstance(m, QuantizedLinear | Int8Linear):
+            continue
+        if unplanned_only and m.plan is not NO_KERNELS:
+            continue
+        m.plan = quantized_plan(m, dtype) if isinstance(m, QuantizedLinear) else int8_plan(m, dtype)
+        count += 1
     return count

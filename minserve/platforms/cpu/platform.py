@@ -46,9 +46,16 @@ class CpuPlatform(Platform):
     name: str = "cpu"
     fused: bool = False
     screen: GreedyScreen | None = None
+    c_kernels: bool = False  # the C kernels are built here: quantized layers read blocks
 
     def runner(self, model: CausalLM, kv: PagedKVCache, backend: type) -> ModelRunner:
         return CpuModelRunner(model, kv, backend, self.fused, self.screen)
+
+    def plan_new_layers(self, model: CausalLM) -> int:
+        if not self.c_kernels:
+            return 0
+        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        return plan_quantized_linears(model, dtype, unplanned_only=True)
 
 
 def panels_win(cpu_bf16: str | None) -> bool:
@@ -68,7 +75,7 @@ def set_up_cpu(net: CausalLM, execution: ExecutionConfig) -> tuple[ExecutionConf
         plan_quantized_linears(net, dtype)
     execution = replace(execution, ops="c-kernels" if c_ops else "torch")
     if not execution.prepack:
-        return execution, CpuPlatform(ops=ops)
+        return execution, CpuPlatform(ops=ops, c_kernels=execution.c_kernels)
     native = native_bf16()
     prepack_linears(net, panels=execution.c_kernels and panels_win(native), widen=native is None)
     # oneDNN or the few-row C kernel for a decode's rows, per layer shape, on this CPU
@@ -84,7 +91,7 @@ def set_up_cpu(net: CausalLM, execution: ExecutionConfig) -> tuple[ExecutionConf
         packed_as=packed_as(net),
         greedy_screen=screen is not None,
     )
-    return execution, CpuPlatform(ops=ops, fused=fused, screen=screen)
+    return execution, CpuPlatform(ops, fused=fused, screen=screen, c_kernels=execution.c_kernels)
 
 
 def packed_as(net: torch.nn.Module) -> str:

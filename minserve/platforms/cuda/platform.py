@@ -16,7 +16,7 @@ from torch import nn
 
 from minserve.attention.metadata import PagedKVCache
 from minserve.execution import ExecutionConfig
-from minserve.kernels.linear_kernels import KernelLinear, LinearPlan, with_bias
+from minserve.kernels.linear_kernels import NO_KERNELS, KernelLinear, LinearPlan, with_bias
 from minserve.model.llama import CausalLM
 from minserve.model.ops import MODEL_OPS
 from minserve.model.quantized_linear import QuantizedLinear
@@ -34,6 +34,13 @@ class CudaPlatform(Platform):
 
     def runner(self, model: CausalLM, kv: PagedKVCache, backend: type) -> ModelRunner:
         return CudaModelRunner(model, kv, backend)
+
+    def plan_new_layers(self, model: CausalLM) -> int:
+        layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+        unplanned = [m for m in layers if m.plan is NO_KERNELS]
+        for layer in unplanned:
+            layer.plan = triton_plan(layer)
+        return len(unplanned)
 
 
 def triton_linear(kernel: KernelLinear, rows: torch.Tensor) -> torch.Tensor:
