@@ -16,7 +16,7 @@ import argparse
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -25,7 +25,7 @@ from minserve.bench.options import positive_ints, set_threads
 from minserve.engine import StepRecord, observe_steps
 from minserve.messages import SchedulerOutput
 from minserve.sampling_params import SamplingParams
-from minserve.step_timings import OVERHEAD_PHASES, StepTimings
+from minserve.step_timings import OVERHEAD_PHASES, PHASES, StepTimings
 
 MAX_STEADY_STEPS = 64  # steps allowed to get every request decoding
 
@@ -134,7 +134,7 @@ def summarize(num_requests: int, walls: list[float], timings: list[StepTimings])
         num_requests=num_requests,
         num_steps=n,
         step_ms=1000 * sum(walls) / n,
-        phase_ms={f.name: 1000 * getattr(total, f.name) / n for f in fields(total)},
+        phase_ms={name: 1000 * getattr(total, name) / n for name in PHASES},
         overhead_fraction=total.overhead / sum(walls),
         median_step_fraction=statistics.median(t.overhead / w for t, w in zip(timings, walls)),
     )

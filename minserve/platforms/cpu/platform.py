@@ -91,7 +91,9 @@ def set_up_cpu(net: CausalLM, execution: ExecutionConfig) -> tuple[ExecutionConf
         packed_as=packed_as(net),
         greedy_screen=screen is not None,
     )
-    return execution, CpuPlatform(ops, fused=fused, screen=screen, c_kernels=execution.c_kernels)
+    return execution, CpuPlatform(
+        ops=ops, fused=fused, screen=screen, c_kernels=execution.c_kernels
+    )
 
 
 def packed_as(net: torch.nn.Module) -> str:
