@@ -1,18 +1,20 @@
 # Your workspace for chapter 02 (Paged attention): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 02` from the repository root.
-# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py, minserve/attention/triton_prefill.py by `python -m minserve.course.generate`.
-# stub fingerprint: 3f00c1fc3252 (lets the generator tell your edits from a stale stub)
+# Generated from minserve/attention/triton_first_steps.py, minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py, minserve/attention/triton_prefill.py by `python -m minserve.course.generate`.
+# stub fingerprint: 3a2ec9b0688f (lets the generator tell your edits from a stale stub)
 """Chapter 02, Paged attention: the Triton kernels of the engine's attention.
 
-2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over
-a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax
-tile after tile; 2.4 merges the splits of flash-decoding; 2.5 stores a step's new
-keys and values in the pool by slot; 2.6 attends a prefill chunk causally over
-its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,
-`paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and
-`paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with
-`LLM(attention_backend="triton",
+2.1-2.3 are Triton's first moves: one program per block (`tl.program_id`,
+`tl.arange`), masked loads and stores, a 2-D tile through strides; launch them with
+`scale_vector`, `add_vectors` and `copy_tile`. 2.4 gathers a sequence's K rows
+through its block table; 2.5 attends one query over a context that fits one tile;
+2.6 is the engine's decode kernel, an online softmax tile after tile; 2.7 merges the
+splits of flash-decoding; 2.8 stores a step's new keys and values in the pool by
+slot; 2.9 attends a prefill chunk causally over its cached prefix and itself. Launch
+them with `gather_kv`, `tile_attention`, `paged_decode(..., kernel=,
+combine_kernel=)`, `paged_store(..., kernel=)` and `paged_prefill(..., kernel=)`;
+run the engine on 2.6-2.9 with `LLM(attention_backend="triton",
 plugins=CoursePlugins(decode_kernels=DecodeKernels.from_module(module)))`.
 On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by
 minserve.attention.triton_env).
@@ -26,11 +28,73 @@ from minserve.attention.triton_decode import DecodeKernels  # noqa: F401
 from minserve.attention.triton_decode import paged_decode  # noqa: F401
 from minserve.attention.triton_store import paged_store  # noqa: F401
 from minserve.attention.triton_env import dot_precision  # noqa: F401
+from minserve.attention.triton_first_steps import (  # noqa: F401
+    add_vectors,
+    copy_tile,
+    scale_vector,
+)
 from minserve.attention.triton_prefill import paged_prefill  # noqa: F401
 from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401
 
 
-# Exercise 2.1: gather K rows through the block table
+# Exercise 2.1: one program per block (tl.program_id and tl.arange)
+@triton.jit
+def scale_kernel(
+    x_ptr,  # [n]: n a multiple of BLOCK
+    out_ptr,  # [n]
+    factor,
+    BLOCK: tl.constexpr,  # elements per program
+):
+    """out = factor * x, one program per block of BLOCK elements.
+
+    The launcher starts n // BLOCK programs; program p owns elements p * BLOCK up to
+    p * BLOCK + BLOCK - 1. Build the program's offsets from its id and `tl.arange`, load its
+    block of x, and store factor times it at the same offsets of out.
+    """
+    raise NotImplementedError("Exercise 2.1: one program per block (tl.program_id and tl.arange)")
+
+
+# Exercise 2.2: a masked load and store (vectors of any length)
+@triton.jit
+def add_kernel(
+    x_ptr,  # [n]
+    y_ptr,  # [n]
+    out_ptr,  # [n]
+    n,
+    BLOCK: tl.constexpr,
+):
+    """out = x + y for any n: cdiv(n, BLOCK) programs, so the last block may stick out.
+
+    Lanes at offsets >= n lie past the vectors: memory that belongs to something else. Mask
+    them off in both loads and in the store, so they read and write nothing.
+    """
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    raise NotImplementedError("Exercise 2.2: a masked load and store (vectors of any length)")
+
+
+# Exercise 2.3: a 2-D tile with strides
+@triton.jit
+def copy_tile_kernel(
+    x_ptr,  # [rows, cols], any strides: element (r, c) is at x_ptr + r * stride_r + c * stride_c
+    out_ptr,  # [rows, cols], contiguous: element (r, c) is at out_ptr + r * cols + c
+    rows,
+    cols,
+    stride_r,
+    stride_c,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Copy x into a contiguous out, one program per [BLOCK_R, BLOCK_C] tile.
+
+    Program (i, j) = (`tl.program_id(0)`, `tl.program_id(1)`) copies rows i * BLOCK_R ...
+    and columns j * BLOCK_C ...: a [BLOCK_R] vector of rows and a [BLOCK_C] vector of
+    columns, broadcast into a [BLOCK_R, BLOCK_C] tile of pointers (`r[:, None]`,
+    `c[None, :]`). Mask the tiles that stick out past the last row or column.
+    """
+    raise NotImplementedError("Exercise 2.3: a 2-D tile with strides")
+
+
+# Exercise 2.4: gather K rows through the block table
 @triton.jit
 def gather_kv_kernel(
     cache_ptr,  # [num_blocks, block_size, Hkv, D]: the pool's K (or V) of one layer
@@ -56,10 +120,10 @@ def gather_kv_kernel(
     tile = tl.program_id(0)
     tokens = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]: this program's positions
     dims = tl.arange(0, BLOCK_D)
-    raise NotImplementedError("Exercise 2.1: gather K rows through the block table")
+    raise NotImplementedError("Exercise 2.4: gather K rows through the block table")
 
 
-# Exercise 2.2: one tile of softmax attention
+# Exercise 2.5: one tile of softmax attention
 @triton.jit
 def tile_attention_kernel(
     q_ptr,  # [Hq, D]: one sequence's query token
@@ -81,7 +145,7 @@ def tile_attention_kernel(
     """Attend one query head over a context that fits one tile: `out[head]` =
     softmax(scale * K q) V over the sequence's first `context_len` tokens.
 
-    Gather the tile's K and V as in exercise 2.1 (masked: other=0.0), convert them to fp32,
+    Gather the tile's K and V as in exercise 2.4 (masked: other=0.0), convert them to fp32,
     score q against every key, give the slots past the context a score of -inf, and take
     the softmax with its maximum subtracted first (exp of a large score overflows). Leave
     the output row `out` [BLOCK_D] for the store below.
@@ -92,11 +156,11 @@ def tile_attention_kernel(
     dims = tl.arange(0, BLOCK_D)
     q = tl.load(q_ptr + head * stride_qh + dims, mask=dims < head_dim, other=0.0)
     q = q.to(tl.float32)  # [BLOCK_D]
-    raise NotImplementedError("Exercise 2.2: one tile of softmax attention")
+    raise NotImplementedError("Exercise 2.5: one tile of softmax attention")
     tl.store(out_ptr + head * stride_oh + dims, out, mask=dims < head_dim)
 
 
-# Exercise 2.3: the paged decode kernel
+# Exercise 2.6: the paged decode kernel
 @triton.jit
 def paged_decode_kernel(
     q_ptr,  # [S, Hq, D]: each sequence's one query token
@@ -151,7 +215,7 @@ def paged_decode_kernel(
     table = block_tables_ptr + seq * stride_bs
     kv_base = kv_head * stride_ch + dims[None, :] * stride_cd  # [1, BLOCK_D]
 
-    raise NotImplementedError("Exercise 2.3: the paged decode kernel")
+    raise NotImplementedError("Exercise 2.6: the paged decode kernel")
 
     # An empty split (a short sequence in a long batch) has l = 0: output 0, weight 0.
     l_safe = tl.where(l > 0, l, 1.0)
@@ -163,7 +227,7 @@ def paged_decode_kernel(
     tl.store(lse_rows, lse, mask=group < GROUP)
 
 
-# Exercise 2.4: combine the splits (flash-decoding)
+# Exercise 2.7: combine the splits (flash-decoding)
 @triton.jit
 def combine_splits_kernel(
     part_ptr,  # [S, Hq, num_splits, D] fp32: each split's normalised output
@@ -189,7 +253,7 @@ def combine_splits_kernel(
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_SPLITS)
     dims = tl.arange(0, BLOCK_D)
-    raise NotImplementedError("Exercise 2.4: combine the splits (flash-decoding)")
+    raise NotImplementedError("Exercise 2.7: combine the splits (flash-decoding)")
     tl.store(
         out_ptr + seq * stride_os + head * stride_oh + dims,
         out.to(out_ptr.dtype.element_ty),
@@ -197,7 +261,7 @@ def combine_splits_kernel(
     )
 
 
-# Exercise 2.5: store the step's keys and values by slot
+# Exercise 2.8: store the step's keys and values by slot
 @triton.jit
 def paged_store_kernel(
     k_ptr,  # [T, Hkv, D]: the step's new keys
@@ -226,10 +290,10 @@ def paged_store_kernel(
     token = tl.program_id(0)
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
-    raise NotImplementedError("Exercise 2.5: store the step's keys and values by slot")
+    raise NotImplementedError("Exercise 2.8: store the step's keys and values by slot")
 
 
-# Exercise 2.6: the paged prefill kernel (causal, over the cached prefix)
+# Exercise 2.9: the paged prefill kernel (causal, over the cached prefix)
 @triton.jit
 def paged_prefill_kernel(
     q_ptr,  # [T, Hq, D]: the step's query tokens, each sequence's rows contiguous
@@ -263,7 +327,7 @@ def paged_prefill_kernel(
     query position (a tile wholly past the chunk reads none): look each key up in the
     block table, load K and V of the query head's KV head (GQA: head // GROUP) masked past
     the keys' end, score with tl.dot, -inf where a key is not visible to a row, and keep
-    the online softmax of 2.3. Key 0 is visible to every row, so each valid row's max is
+    the online softmax of 2.6. Key 0 is visible to every row, so each valid row's max is
     finite. Leave `m` [BLOCK_M], `l` [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines
     after the loop.
     """
@@ -280,7 +344,7 @@ def paged_prefill_kernel(
     positions = prefix + rows  # [BLOCK_M]: query i sees keys 0..positions[i]
     dims = tl.arange(0, BLOCK_D)
     q_mask = row_valid[:, None] & (dims < head_dim)[None, :]
-    raise NotImplementedError("Exercise 2.6: the paged prefill kernel (causal, over the cached prefix)")
+    raise NotImplementedError("Exercise 2.9: the paged prefill kernel (causal, over the cached prefix)")
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     out_rows = out_ptr + (query_start + rows)[:, None] * stride_ot + head * stride_oh

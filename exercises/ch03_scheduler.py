@@ -2,14 +2,18 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: b39515480928 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: b73f2fe1502e (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
-Each step, running sequences go first (decodes, then prefill chunks), preempting
-when the KV cache runs out of blocks; then waiting ones are admitted in policy
-order while the token budget, the seats and the blocks last. Plug your class
-into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.
+3.1 appends a sequence's sampled tokens through the stop rules. 3.2: each step,
+running sequences go first (decodes, then prefill chunks), preempting when the
+KV cache runs out of blocks; then waiting ones are admitted in policy order
+while the token budget, the seats and the blocks last. 3.3 moves every sequence
+on by what the step produced. Plug your class (it calls the module's 3.1 and
+3.3) into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.
 """
+
+from __future__ import annotations  # 3.1 names 3.2's Scheduler
 
 from collections.abc import Callable
 
@@ -33,7 +37,30 @@ from minserve.scheduler.sequence import SeqStatus, Sequence
 from minserve.scheduler.draft_planner import DraftPlanner
 
 
-# Exercise 3.1: schedule(): running sequences first, then waiting ones
+# Exercise 3.1: append a step's sampled tokens, with the stop rules
+def append_sampled(scheduler: Scheduler, seq: Sequence, tokens: SampledTokens) -> NewTokens:
+    """Append sampled tokens to `seq.sample` one at a time, with the stop rules.
+
+    `seq.sample.append(token, scheduler.rules)` adds one token and checks EOS, stop token
+    ids, max_tokens and the model's length limit; once `seq.sample.finished`, the sequence
+    is done: `scheduler.finish(seq)` frees its blocks, and the tokens after the stop (a
+    stop may come inside accepted drafts) are dropped. Add the tokens kept to
+    `scheduler.stats.num_generation_tokens`; `kept` counts them for the `NewTokens` below.
+    """
+    sample, kept = seq.sample, 0
+    raise NotImplementedError("Exercise 3.1: append a step's sampled tokens, with the stop rules")
+    return NewTokens(
+        request_id=seq.request_id,
+        index=sample.index,
+        token_ids=tokens.token_ids[:kept],
+        logprobs=tokens.logprobs[:kept],
+        finish_reason=sample.finish_reason,
+        stop_reason=sample.stop_reason,
+        num_cached_tokens=seq.request.num_cached_tokens or 0,
+    )
+
+
+# Exercise 3.2: schedule(): running sequences first, then waiting ones
 class Scheduler:
     """Decides, each step, which sequences run and how many tokens each computes.
 
@@ -109,7 +136,7 @@ class Scheduler:
         `self.kv.append(seq.block_table, n)`, add `ScheduledSeq(seq, n)` to
         `out.scheduled` and spend `n` of the budget. Returns the budget left.
         """
-        raise NotImplementedError("Exercise 3.1: schedule(): running sequences first, then waiting ones")
+        raise NotImplementedError("Exercise 3.2: schedule(): running sequences first, then waiting ones")
 
     def _admit_waiting(self, out: StepPlan, budget: int) -> None:
         """Admit waiting sequences in policy order while budget, seats and blocks last.
@@ -121,7 +148,7 @@ class Scheduler:
         blocks. An admitted sequence gets its blocks, becomes RUNNING, joins
         `self.running` and `out.scheduled`, and spends its tokens of the budget.
         """
-        raise NotImplementedError("Exercise 3.1: schedule(): running sequences first, then waiting ones")
+        raise NotImplementedError("Exercise 3.2: schedule(): running sequences first, then waiting ones")
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens `seq` may compute now: all it needs, or a chunk of it (Sarathi-Serve).
@@ -255,7 +282,7 @@ class Scheduler:
         their full blocks cached), accepted drafts too (rejected drafts' slots are rolled
         back), a finished prefill forks into its n samples, sampled tokens are appended
         with the token stop rules, and finished sequences free their blocks
-        (`advance_sequences`, exercise 3.2). Returns each sample's new tokens, in batch
+        (`advance_sequences`, exercise 3.3). Returns each sample's new tokens, in batch
         order, with the sequences finished and the requests aborted meanwhile.
         """
         if self.drafts is not None and runner_output.timings is not None:
@@ -356,7 +383,7 @@ class Scheduler:
             self.finish(seq)
 
 
-# Exercise 3.2: update_from_output(): move each sequence on by what the step produced
+# Exercise 3.3: update_from_output(): move each sequence on by what the step produced
 def advance_sequences(
     scheduler: Scheduler, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
 ) -> list[NewTokens]:
@@ -377,18 +404,4 @@ def advance_sequences(
     for the siblings); then its tokens are appended with `append_sampled`. Returns the
     `NewTokens` of every member, in batch order.
     """
-    raise NotImplementedError("Exercise 3.2: update_from_output(): move each sequence on by what the step produced")
-
-
-def append_sampled(scheduler: Scheduler, seq: Sequence, tokens: SampledTokens) -> NewTokens:
-    """Append sampled tokens to `seq.sample` one at a time, with the stop rules.
-
-    `seq.sample.append(token, scheduler.rules)` adds one token and checks EOS, stop token
-    ids, max_tokens and the model's length limit; once `seq.sample.finished`, the sequence
-    is done: `scheduler.finish(seq)` frees its blocks, and the tokens after the stop (a
-    stop may come inside accepted drafts) are dropped. Add the tokens kept to
-    `scheduler.stats.num_generation_tokens`. Returns them as `NewTokens` (with their
-    logprobs, the sample's index, finish and stop reasons, and the request's
-    `num_cached_tokens`, 0 when None).
-    """
-    raise NotImplementedError("Exercise 3.2: update_from_output(): move each sequence on by what the step produced")
+    raise NotImplementedError("Exercise 3.3: update_from_output(): move each sequence on by what the step produced")

@@ -1,16 +1,16 @@
 # Your workspace for chapter 09 (Assembling the server): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 09` from the repository root.
-# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py, minserve/server/limits.py by `python -m minserve.course.generate`.
-# stub fingerprint: 9ae41803b898 (lets the generator tell your edits from a stale stub)
+# Generated from minserve/bench/serve_metrics.py, minserve/router/policy.py, minserve/output_processor.py, minserve/stop_strings.py, minserve/server/limits.py by `python -m minserve.course.generate`.
+# stub fingerprint: 383e9c81a3fa (lets the generator tell your edits from a stale stub)
 """Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop
 strings.
 
-You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
-it is expected to hold, unless that replica is too busy), then
+You write a request's TTFT, ITL and TPOT from its timestamps and the goodput of a
+run at an SLO, then `CacheAware.choose`, the router's pick of a replica (the
+longest prefix it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
-delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
-and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a
+delta a stream sends, then `StopStringMatcher`, which cuts a
 stream of text at its first stop string, then `ServerLimits`, the server's
 refusal of what a request can never get. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
@@ -20,7 +20,7 @@ of a load test (`run_load(...).records`), and your limits into the server with
 `build_server(llm.engine, ServerConfig(...), limits_cls=ServerLimits)`.
 """
 
-from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher
+from __future__ import annotations  # 9.4 names 9.5's StopStringMatcher
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +35,45 @@ from minserve.sampling_params import SamplingParams
 from minserve.server.errors import APIError
 
 
-# Exercise 9.1: cache-aware routing
+# Exercise 9.1: TTFT, ITL and TPOT from timestamps
+def request_timings(sent_at: float, chunk_at: Sequence[float]) -> tuple[float, list[float], float]:
+    """(TTFT, ITL gaps, E2E latency) of a request sent at `sent_at` whose chunks with a
+    choice arrived at `chunk_at` (ascending, at least one; seconds from one clock).
+
+    TTFT runs from sending to the first chunk, each ITL gap between two consecutive
+    chunks, E2E from sending to the last chunk.
+    """
+    raise NotImplementedError("Exercise 9.1: TTFT, ITL and TPOT from timestamps")
+
+
+def time_per_output_token(ttft: float, latency: float, output_tokens: int) -> float:
+    """TPOT: the decode time after the first token, per token after the first.
+
+    A request with one output token (or none) has no decode: its TPOT is 0, as in vLLM.
+    """
+    raise NotImplementedError("Exercise 9.1: TTFT, ITL and TPOT from timestamps")
+
+
+# Exercise 9.2: goodput at an SLO
+def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
+    """Whether a request met every SLO it is held to: {"ttft" | "tpot" | "e2el": seconds}.
+
+    A value equal to its limit meets it; the request's E2E latency is `record.latency`.
+    """
+    raise NotImplementedError("Exercise 9.2: goodput at an SLO")
+
+
+def request_goodput(
+    records: Sequence[RequestRecord], duration_s: float, slos: dict[str, float]
+) -> float:
+    """Goodput (DistServe): completed requests that met every SLO, per second of the run.
+
+    A failed request (`record.success` False) never counts, whatever its timings.
+    """
+    raise NotImplementedError("Exercise 9.2: goodput at an SLO")
+
+
+# Exercise 9.3: cache-aware routing
 class CacheAware:
     """Longest expected prefix match, balanced against load (SGLang's cache-aware router)."""
 
@@ -58,14 +96,14 @@ class CacheAware:
         least-loaded, reason "least_loaded". Break ties in load by `self._turns.order`
         (a rotating start, so that equal replicas take turns).
         """
-        raise NotImplementedError("Exercise 9.1: cache-aware routing")
+        raise NotImplementedError("Exercise 9.3: cache-aware routing")
 
     def record(self, key: Key | None, replica: int) -> None:
         if key is not None:
             self.index.insert(key, replica)
 
 
-# Exercise 9.2: from new token ids to a streamed delta
+# Exercise 9.4: from new token ids to a streamed delta
 @dataclass
 class SampleOutput:
     """What one sample has shown so far: its detokenizer and stop-string matcher hold the
@@ -100,45 +138,7 @@ class SampleOutput:
         stop reasons, and the cumulative logprob of every kept token so far (None without
         logprobs). Record the finish on `self`.
         """
-        raise NotImplementedError("Exercise 9.2: from new token ids to a streamed delta")
-
-
-# Exercise 9.3: TTFT, ITL and TPOT from timestamps
-def request_timings(sent_at: float, chunk_at: Sequence[float]) -> tuple[float, list[float], float]:
-    """(TTFT, ITL gaps, E2E latency) of a request sent at `sent_at` whose chunks with a
-    choice arrived at `chunk_at` (ascending, at least one; seconds from one clock).
-
-    TTFT runs from sending to the first chunk, each ITL gap between two consecutive
-    chunks, E2E from sending to the last chunk.
-    """
-    raise NotImplementedError("Exercise 9.3: TTFT, ITL and TPOT from timestamps")
-
-
-def time_per_output_token(ttft: float, latency: float, output_tokens: int) -> float:
-    """TPOT: the decode time after the first token, per token after the first.
-
-    A request with one output token (or none) has no decode: its TPOT is 0, as in vLLM.
-    """
-    raise NotImplementedError("Exercise 9.3: TTFT, ITL and TPOT from timestamps")
-
-
-# Exercise 9.4: goodput at an SLO
-def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
-    """Whether a request met every SLO it is held to: {"ttft" | "tpot" | "e2el": seconds}.
-
-    A value equal to its limit meets it; the request's E2E latency is `record.latency`.
-    """
-    raise NotImplementedError("Exercise 9.4: goodput at an SLO")
-
-
-def request_goodput(
-    records: Sequence[RequestRecord], duration_s: float, slos: dict[str, float]
-) -> float:
-    """Goodput (DistServe): completed requests that met every SLO, per second of the run.
-
-    A failed request (`record.success` False) never counts, whatever its timings.
-    """
-    raise NotImplementedError("Exercise 9.4: goodput at an SLO")
+        raise NotImplementedError("Exercise 9.4: from new token ids to a streamed delta")
 
 
 # Exercise 9.5: stop strings across deltas

@@ -11,7 +11,7 @@ with their logprobs and the finish reason.
 
 A step's result is one `RequestOutput` per request that got tokens, holding only what is
 new (a delta). The server streams deltas as they are; `LLM.generate` adds them up
-(`outputs.OutputAccumulator`). This is chapter 09's exercise 9.2 (the marked region below).
+(`outputs.OutputAccumulator`). This is chapter 09's exercise 9.4 (the marked region below).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from minserve.sampling_params import SamplingParams
 from minserve.stop_strings import StopStringMatcher
 
 
-# >>> exercise 9.2: from new token ids to a streamed delta
+# >>> exercise 9.4: from new token ids to a streamed delta
 @dataclass
 class SampleOutput:
     """What one sample has shown so far: its detokenizer and stop-string matcher hold the

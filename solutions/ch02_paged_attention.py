@@ -1,15 +1,17 @@
-# Generated from minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py, minserve/attention/triton_prefill.py by `python -m minserve.course.generate`;
+# Generated from minserve/attention/triton_first_steps.py, minserve/attention/triton_tiles.py, minserve/attention/triton_decode.py, minserve/attention/triton_store.py, minserve/attention/triton_prefill.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 02, Paged attention: the Triton kernels of the engine's attention.
 
-2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over
-a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax
-tile after tile; 2.4 merges the splits of flash-decoding; 2.5 stores a step's new
-keys and values in the pool by slot; 2.6 attends a prefill chunk causally over
-its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,
-`paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and
-`paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with
-`LLM(attention_backend="triton",
+2.1-2.3 are Triton's first moves: one program per block (`tl.program_id`,
+`tl.arange`), masked loads and stores, a 2-D tile through strides; launch them with
+`scale_vector`, `add_vectors` and `copy_tile`. 2.4 gathers a sequence's K rows
+through its block table; 2.5 attends one query over a context that fits one tile;
+2.6 is the engine's decode kernel, an online softmax tile after tile; 2.7 merges the
+splits of flash-decoding; 2.8 stores a step's new keys and values in the pool by
+slot; 2.9 attends a prefill chunk causally over its cached prefix and itself. Launch
+them with `gather_kv`, `tile_attention`, `paged_decode(..., kernel=,
+combine_kernel=)`, `paged_store(..., kernel=)` and `paged_prefill(..., kernel=)`;
+run the engine on 2.6-2.9 with `LLM(attention_backend="triton",
 plugins=CoursePlugins(decode_kernels=DecodeKernels.from_module(module)))`.
 On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by
 minserve.attention.triton_env).
@@ -23,11 +25,82 @@ from minserve.attention.triton_decode import DecodeKernels  # noqa: F401
 from minserve.attention.triton_decode import paged_decode  # noqa: F401
 from minserve.attention.triton_store import paged_store  # noqa: F401
 from minserve.attention.triton_env import dot_precision  # noqa: F401
+from minserve.attention.triton_first_steps import (  # noqa: F401
+    add_vectors,
+    copy_tile,
+    scale_vector,
+)
 from minserve.attention.triton_prefill import paged_prefill  # noqa: F401
 from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401
 
 
-# Exercise 2.1: gather K rows through the block table
+# Exercise 2.1: one program per block (tl.program_id and tl.arange)
+@triton.jit
+def scale_kernel(
+    x_ptr,  # [n]: n a multiple of BLOCK
+    out_ptr,  # [n]
+    factor,
+    BLOCK: tl.constexpr,  # elements per program
+):
+    """out = factor * x, one program per block of BLOCK elements.
+
+    The launcher starts n // BLOCK programs; program p owns elements p * BLOCK up to
+    p * BLOCK + BLOCK - 1. Build the program's offsets from its id and `tl.arange`, load its
+    block of x, and store factor times it at the same offsets of out.
+    """
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    x = tl.load(x_ptr + offsets)
+    tl.store(out_ptr + offsets, x * factor)
+
+
+# Exercise 2.2: a masked load and store (vectors of any length)
+@triton.jit
+def add_kernel(
+    x_ptr,  # [n]
+    y_ptr,  # [n]
+    out_ptr,  # [n]
+    n,
+    BLOCK: tl.constexpr,
+):
+    """out = x + y for any n: cdiv(n, BLOCK) programs, so the last block may stick out.
+
+    Lanes at offsets >= n lie past the vectors: memory that belongs to something else. Mask
+    them off in both loads and in the store, so they read and write nothing.
+    """
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    inside = offsets < n  # [BLOCK]
+    x = tl.load(x_ptr + offsets, mask=inside)
+    y = tl.load(y_ptr + offsets, mask=inside)
+    tl.store(out_ptr + offsets, x + y, mask=inside)
+
+
+# Exercise 2.3: a 2-D tile with strides
+@triton.jit
+def copy_tile_kernel(
+    x_ptr,  # [rows, cols], any strides: element (r, c) is at x_ptr + r * stride_r + c * stride_c
+    out_ptr,  # [rows, cols], contiguous: element (r, c) is at out_ptr + r * cols + c
+    rows,
+    cols,
+    stride_r,
+    stride_c,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Copy x into a contiguous out, one program per [BLOCK_R, BLOCK_C] tile.
+
+    Program (i, j) = (`tl.program_id(0)`, `tl.program_id(1)`) copies rows i * BLOCK_R ...
+    and columns j * BLOCK_C ...: a [BLOCK_R] vector of rows and a [BLOCK_C] vector of
+    columns, broadcast into a [BLOCK_R, BLOCK_C] tile of pointers (`r[:, None]`,
+    `c[None, :]`). Mask the tiles that stick out past the last row or column.
+    """
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C]
+    inside = (r < rows)[:, None] & (c < cols)[None, :]  # [BLOCK_R, BLOCK_C]
+    tile = tl.load(x_ptr + r[:, None] * stride_r + c[None, :] * stride_c, mask=inside)
+    tl.store(out_ptr + r[:, None] * cols + c[None, :], tile, mask=inside)
+
+
+# Exercise 2.4: gather K rows through the block table
 @triton.jit
 def gather_kv_kernel(
     cache_ptr,  # [num_blocks, block_size, Hkv, D]: the pool's K (or V) of one layer
@@ -62,7 +135,7 @@ def gather_kv_kernel(
     tl.store(out_ptr + tokens[:, None] * stride_ot + dims[None, :], tile_kv, mask=mask)
 
 
-# Exercise 2.2: one tile of softmax attention
+# Exercise 2.5: one tile of softmax attention
 @triton.jit
 def tile_attention_kernel(
     q_ptr,  # [Hq, D]: one sequence's query token
@@ -84,7 +157,7 @@ def tile_attention_kernel(
     """Attend one query head over a context that fits one tile: `out[head]` =
     softmax(scale * K q) V over the sequence's first `context_len` tokens.
 
-    Gather the tile's K and V as in exercise 2.1 (masked: other=0.0), convert them to fp32,
+    Gather the tile's K and V as in exercise 2.4 (masked: other=0.0), convert them to fp32,
     score q against every key, give the slots past the context a score of -inf, and take
     the softmax with its maximum subtracted first (exp of a large score overflows). Leave
     the output row `out` [BLOCK_D] for the store below.
@@ -109,7 +182,7 @@ def tile_attention_kernel(
     tl.store(out_ptr + head * stride_oh + dims, out, mask=dims < head_dim)
 
 
-# Exercise 2.3: the paged decode kernel
+# Exercise 2.6: the paged decode kernel
 @triton.jit
 def paged_decode_kernel(
     q_ptr,  # [S, Hq, D]: each sequence's one query token
@@ -194,7 +267,7 @@ def paged_decode_kernel(
     tl.store(lse_rows, lse, mask=group < GROUP)
 
 
-# Exercise 2.4: combine the splits (flash-decoding)
+# Exercise 2.7: combine the splits (flash-decoding)
 @triton.jit
 def combine_splits_kernel(
     part_ptr,  # [S, Hq, num_splits, D] fp32: each split's normalised output
@@ -244,7 +317,7 @@ def combine_splits_kernel(
     )
 
 
-# Exercise 2.5: store the step's keys and values by slot
+# Exercise 2.8: store the step's keys and values by slot
 @triton.jit
 def paged_store_kernel(
     k_ptr,  # [T, Hkv, D]: the step's new keys
@@ -283,7 +356,7 @@ def paged_store_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-# Exercise 2.6: the paged prefill kernel (causal, over the cached prefix)
+# Exercise 2.9: the paged prefill kernel (causal, over the cached prefix)
 @triton.jit
 def paged_prefill_kernel(
     q_ptr,  # [T, Hq, D]: the step's query tokens, each sequence's rows contiguous
@@ -317,7 +390,7 @@ def paged_prefill_kernel(
     query position (a tile wholly past the chunk reads none): look each key up in the
     block table, load K and V of the query head's KV head (GQA: head // GROUP) masked past
     the keys' end, score with tl.dot, -inf where a key is not visible to a row, and keep
-    the online softmax of 2.3. Key 0 is visible to every row, so each valid row's max is
+    the online softmax of 2.6. Key 0 is visible to every row, so each valid row's max is
     finite. Leave `m` [BLOCK_M], `l` [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines
     after the loop.
     """

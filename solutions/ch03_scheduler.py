@@ -2,11 +2,15 @@
 # edit the marked regions there, not here.
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
-Each step, running sequences go first (decodes, then prefill chunks), preempting
-when the KV cache runs out of blocks; then waiting ones are admitted in policy
-order while the token budget, the seats and the blocks last. Plug your class
-into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.
+3.1 appends a sequence's sampled tokens through the stop rules. 3.2: each step,
+running sequences go first (decodes, then prefill chunks), preempting when the
+KV cache runs out of blocks; then waiting ones are admitted in policy order
+while the token budget, the seats and the blocks last. 3.3 moves every sequence
+on by what the step produced. Plug your class (it calls the module's 3.1 and
+3.3) into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.
 """
+
+from __future__ import annotations  # 3.1 names 3.2's Scheduler
 
 from collections.abc import Callable
 
@@ -30,7 +34,36 @@ from minserve.scheduler.sequence import SeqStatus, Sequence
 from minserve.scheduler.draft_planner import DraftPlanner
 
 
-# Exercise 3.1: schedule(): running sequences first, then waiting ones
+# Exercise 3.1: append a step's sampled tokens, with the stop rules
+def append_sampled(scheduler: Scheduler, seq: Sequence, tokens: SampledTokens) -> NewTokens:
+    """Append sampled tokens to `seq.sample` one at a time, with the stop rules.
+
+    `seq.sample.append(token, scheduler.rules)` adds one token and checks EOS, stop token
+    ids, max_tokens and the model's length limit; once `seq.sample.finished`, the sequence
+    is done: `scheduler.finish(seq)` frees its blocks, and the tokens after the stop (a
+    stop may come inside accepted drafts) are dropped. Add the tokens kept to
+    `scheduler.stats.num_generation_tokens`; `kept` counts them for the `NewTokens` below.
+    """
+    sample, kept = seq.sample, 0
+    for token in tokens.token_ids:
+        sample.append(token, scheduler.rules)
+        kept += 1
+        if sample.finished:
+            scheduler.finish(seq)
+            break
+    scheduler.stats.num_generation_tokens += kept
+    return NewTokens(
+        request_id=seq.request_id,
+        index=sample.index,
+        token_ids=tokens.token_ids[:kept],
+        logprobs=tokens.logprobs[:kept],
+        finish_reason=sample.finish_reason,
+        stop_reason=sample.stop_reason,
+        num_cached_tokens=seq.request.num_cached_tokens or 0,
+    )
+
+
+# Exercise 3.2: schedule(): running sequences first, then waiting ones
 class Scheduler:
     """Decides, each step, which sequences run and how many tokens each computes.
 
@@ -282,7 +315,7 @@ class Scheduler:
         their full blocks cached), accepted drafts too (rejected drafts' slots are rolled
         back), a finished prefill forks into its n samples, sampled tokens are appended
         with the token stop rules, and finished sequences free their blocks
-        (`advance_sequences`, exercise 3.2). Returns each sample's new tokens, in batch
+        (`advance_sequences`, exercise 3.3). Returns each sample's new tokens, in batch
         order, with the sequences finished and the requests aborted meanwhile.
         """
         if self.drafts is not None and runner_output.timings is not None:
@@ -383,7 +416,7 @@ class Scheduler:
             self.finish(seq)
 
 
-# Exercise 3.2: update_from_output(): move each sequence on by what the step produced
+# Exercise 3.3: update_from_output(): move each sequence on by what the step produced
 def advance_sequences(
     scheduler: Scheduler, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
 ) -> list[NewTokens]:
@@ -424,33 +457,3 @@ def advance_sequences(
                 num_drafts = 0  # siblings forked this step never speculate
             new_tokens.append(append_sampled(scheduler, member, tokens))
     return new_tokens
-
-
-def append_sampled(scheduler: Scheduler, seq: Sequence, tokens: SampledTokens) -> NewTokens:
-    """Append sampled tokens to `seq.sample` one at a time, with the stop rules.
-
-    `seq.sample.append(token, scheduler.rules)` adds one token and checks EOS, stop token
-    ids, max_tokens and the model's length limit; once `seq.sample.finished`, the sequence
-    is done: `scheduler.finish(seq)` frees its blocks, and the tokens after the stop (a
-    stop may come inside accepted drafts) are dropped. Add the tokens kept to
-    `scheduler.stats.num_generation_tokens`. Returns them as `NewTokens` (with their
-    logprobs, the sample's index, finish and stop reasons, and the request's
-    `num_cached_tokens`, 0 when None).
-    """
-    sample, kept = seq.sample, 0
-    for token in tokens.token_ids:
-        sample.append(token, scheduler.rules)
-        kept += 1
-        if sample.finished:
-            scheduler.finish(seq)
-            break
-    scheduler.stats.num_generation_tokens += kept
-    return NewTokens(
-        request_id=seq.request_id,
-        index=sample.index,
-        token_ids=tokens.token_ids[:kept],
-        logprobs=tokens.logprobs[:kept],
-        finish_reason=sample.finish_reason,
-        stop_reason=sample.stop_reason,
-        num_cached_tokens=seq.request.num_cached_tokens or 0,
-    )

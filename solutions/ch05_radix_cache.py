@@ -1,14 +1,14 @@
-# Generated from minserve/kvcache/radix_cache.py, minserve/scheduler/cache_aware.py by `python -m minserve.course.generate`;
+# Generated from minserve/scheduler/cache_aware.py, minserve/kvcache/radix_cache.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 05, Sharing prefixes: the radix tree of the prefix cache, and the
-scheduling policy that serves cache hits first.
+"""Chapter 05, Sharing prefixes: the scheduling policy that serves cache hits
+first, and the radix tree of the prefix cache.
 
-A radix tree over token ids at block granularity (SGLang's RadixAttention): you
+First `LongestPrefixMatch`, SGLang's longest-prefix-match policy: plug it in with
+`LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`. Then a
+radix tree over token ids at block granularity (SGLang's RadixAttention): you
 write `match_prefix`, `insert` and `evict`. Plug your class into the engine with
 `LLM(enable_prefix_caching=True,
-plugins=CoursePlugins(prefix_cache_cls=RadixCache))`. Then `LongestPrefixMatch`,
-SGLang's longest-prefix-match policy: plug it in with
-`LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`.
+plugins=CoursePlugins(prefix_cache_cls=RadixCache))`.
 """
 
 import heapq
@@ -22,7 +22,54 @@ from minserve.scheduler.cache_aware import DEFAULT_MAX_WAIT_S
 from minserve.scheduler.sequence import SeqStatus, Sequence
 
 
-# Exercise 5.1: the radix tree (match_prefix, insert, evict)
+# Exercise 5.1: longest-prefix-match scheduling
+class LongestPrefixMatch:
+    """A policy key (lower is served first): starved requests, then longest cached prefix,
+    then first come, first served. Running and swapped sequences are ranked FCFS.
+
+    Built from the KV cache manager: `LLM(enable_prefix_caching=True,
+    scheduling_policy=LongestPrefixMatch)`. The scheduler sorts by `policy(seq)`.
+    """
+
+    def __init__(self, kv: KVCacheManager, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> None:
+        if kv.prefix_cache is None:
+            raise ValueError(
+                "scheduling_policy='lpm' ranks requests by their cached prefix; "
+                "it needs enable_prefix_caching=True"
+            )
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        self.kv = kv
+        self.max_wait_s = max_wait_s
+
+    def __call__(self, seq: Sequence) -> tuple:
+        """The sort key of `seq`: (group, -cached tokens, seq.arrival_time, seq.order).
+
+        Group 0 holds sequences that are not waiting (running, swapped: ranked FCFS, so
+        put 0 for their cached tokens) and waiting ones that starved; group 1 the other
+        waiting ones, the longest cached prefix first. Tuples compare left to right.
+        """
+        fcfs = (seq.arrival_time, seq.order)
+        if seq.status is not SeqStatus.WAITING or self._starved(seq):
+            return (0, 0, *fcfs)
+        return (1, -self.cached_tokens(seq), *fcfs)
+
+    def cached_tokens(self, seq: Sequence) -> int:
+        """How many of the sequence's tokens the prefix cache holds now (whole blocks).
+
+        A sequence that already holds blocks (a preempted one coming back) has picked up
+        its prefix: count its computed tokens. Otherwise ask `self.kv.cached_tokens`.
+        """
+        if seq.block_table.blocks:  # it picked up its cached prefix already
+            return seq.num_computed_tokens
+        return self.kv.cached_tokens(seq.token_ids)
+
+    def _starved(self, seq: Sequence) -> bool:
+        """Waited longer than `max_wait_s` since it arrived (`time.monotonic()` seconds)."""
+        return time.monotonic() - seq.arrival_time > self.max_wait_s
+
+
+# Exercise 5.2: the radix tree (match_prefix, insert, evict)
 class RadixCache:
     """SGLang's radix tree over token ids, at block granularity, with LRU eviction.
 
@@ -192,50 +239,3 @@ class RadixCache:
 
     def _touch(self, node: RadixNode) -> None:
         node.last_access = next(self._clock)
-
-
-# Exercise 5.2: longest-prefix-match scheduling
-class LongestPrefixMatch:
-    """A policy key (lower is served first): starved requests, then longest cached prefix,
-    then first come, first served. Running and swapped sequences are ranked FCFS.
-
-    Built from the KV cache manager: `LLM(enable_prefix_caching=True,
-    scheduling_policy=LongestPrefixMatch)`. The scheduler sorts by `policy(seq)`.
-    """
-
-    def __init__(self, kv: KVCacheManager, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> None:
-        if kv.prefix_cache is None:
-            raise ValueError(
-                "scheduling_policy='lpm' ranks requests by their cached prefix; "
-                "it needs enable_prefix_caching=True"
-            )
-        if max_wait_s < 0:
-            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
-        self.kv = kv
-        self.max_wait_s = max_wait_s
-
-    def __call__(self, seq: Sequence) -> tuple:
-        """The sort key of `seq`: (group, -cached tokens, seq.arrival_time, seq.order).
-
-        Group 0 holds sequences that are not waiting (running, swapped: ranked FCFS, so
-        put 0 for their cached tokens) and waiting ones that starved; group 1 the other
-        waiting ones, the longest cached prefix first. Tuples compare left to right.
-        """
-        fcfs = (seq.arrival_time, seq.order)
-        if seq.status is not SeqStatus.WAITING or self._starved(seq):
-            return (0, 0, *fcfs)
-        return (1, -self.cached_tokens(seq), *fcfs)
-
-    def cached_tokens(self, seq: Sequence) -> int:
-        """How many of the sequence's tokens the prefix cache holds now (whole blocks).
-
-        A sequence that already holds blocks (a preempted one coming back) has picked up
-        its prefix: count its computed tokens. Otherwise ask `self.kv.cached_tokens`.
-        """
-        if seq.block_table.blocks:  # it picked up its cached prefix already
-            return seq.num_computed_tokens
-        return self.kv.cached_tokens(seq.token_ids)
-
-    def _starved(self, seq: Sequence) -> bool:
-        """Waited longer than `max_wait_s` since it arrived (`time.monotonic()` seconds)."""
-        return time.monotonic() - seq.arrival_time > self.max_wait_s

@@ -1,13 +1,13 @@
-# Generated from minserve/router/policy.py, minserve/output_processor.py, minserve/bench/serve_metrics.py, minserve/stop_strings.py, minserve/server/limits.py by `python -m minserve.course.generate`;
+# Generated from minserve/bench/serve_metrics.py, minserve/router/policy.py, minserve/output_processor.py, minserve/stop_strings.py, minserve/server/limits.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop
 strings.
 
-You write `CacheAware.choose`, the router's pick of a replica (the longest prefix
-it is expected to hold, unless that replica is too busy), then
+You write a request's TTFT, ITL and TPOT from its timestamps and the goodput of a
+run at an SLO, then `CacheAware.choose`, the router's pick of a replica (the
+longest prefix it is expected to hold, unless that replica is too busy), then
 `SampleOutput.update`, the output processor's turn of new tokens into the text
-delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps
-and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a
+delta a stream sends, then `StopStringMatcher`, which cuts a
 stream of text at its first stop string, then `ServerLimits`, the server's
 refusal of what a request can never get. Plug your policy into the router with
 `build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into
@@ -17,7 +17,7 @@ of a load test (`run_load(...).records`), and your limits into the server with
 `build_server(llm.engine, ServerConfig(...), limits_cls=ServerLimits)`.
 """
 
-from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher
+from __future__ import annotations  # 9.4 names 9.5's StopStringMatcher
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +32,51 @@ from minserve.sampling_params import SamplingParams
 from minserve.server.errors import APIError
 
 
-# Exercise 9.1: cache-aware routing
+# Exercise 9.1: TTFT, ITL and TPOT from timestamps
+def request_timings(sent_at: float, chunk_at: Sequence[float]) -> tuple[float, list[float], float]:
+    """(TTFT, ITL gaps, E2E latency) of a request sent at `sent_at` whose chunks with a
+    choice arrived at `chunk_at` (ascending, at least one; seconds from one clock).
+
+    TTFT runs from sending to the first chunk, each ITL gap between two consecutive
+    chunks, E2E from sending to the last chunk.
+    """
+    if not chunk_at:
+        raise ValueError("a request without a chunk has no timings (it never got a token)")
+    gaps = [later - earlier for earlier, later in zip(chunk_at, chunk_at[1:])]
+    return chunk_at[0] - sent_at, gaps, chunk_at[-1] - sent_at
+
+
+def time_per_output_token(ttft: float, latency: float, output_tokens: int) -> float:
+    """TPOT: the decode time after the first token, per token after the first.
+
+    A request with one output token (or none) has no decode: its TPOT is 0, as in vLLM.
+    """
+    if output_tokens <= 1:
+        return 0.0
+    return (latency - ttft) / (output_tokens - 1)
+
+
+# Exercise 9.2: goodput at an SLO
+def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
+    """Whether a request met every SLO it is held to: {"ttft" | "tpot" | "e2el": seconds}.
+
+    A value equal to its limit meets it; the request's E2E latency is `record.latency`.
+    """
+    values = {"ttft": record.ttft, "tpot": record.tpot, "e2el": record.latency}
+    return all(values[name] <= limit for name, limit in slos.items())
+
+
+def request_goodput(
+    records: Sequence[RequestRecord], duration_s: float, slos: dict[str, float]
+) -> float:
+    """Goodput (DistServe): completed requests that met every SLO, per second of the run.
+
+    A failed request (`record.success` False) never counts, whatever its timings.
+    """
+    return sum(r.success and meets_slos(r, slos) for r in records) / duration_s
+
+
+# Exercise 9.3: cache-aware routing
 class CacheAware:
     """Longest expected prefix match, balanced against load (SGLang's cache-aware router)."""
 
@@ -70,7 +114,7 @@ class CacheAware:
             self.index.insert(key, replica)
 
 
-# Exercise 9.2: from new token ids to a streamed delta
+# Exercise 9.4: from new token ids to a streamed delta
 @dataclass
 class SampleOutput:
     """What one sample has shown so far: its detokenizer and stop-string matcher hold the
@@ -126,50 +170,6 @@ class SampleOutput:
             self.cumulative_logprob += sum(lp[t] for lp, t in zip(logprobs, token_ids))
             cumulative = self.cumulative_logprob
         return CompletionOutput(self.index, text, token_ids, finish, reason, logprobs, cumulative)
-
-
-# Exercise 9.3: TTFT, ITL and TPOT from timestamps
-def request_timings(sent_at: float, chunk_at: Sequence[float]) -> tuple[float, list[float], float]:
-    """(TTFT, ITL gaps, E2E latency) of a request sent at `sent_at` whose chunks with a
-    choice arrived at `chunk_at` (ascending, at least one; seconds from one clock).
-
-    TTFT runs from sending to the first chunk, each ITL gap between two consecutive
-    chunks, E2E from sending to the last chunk.
-    """
-    if not chunk_at:
-        raise ValueError("a request without a chunk has no timings (it never got a token)")
-    gaps = [later - earlier for earlier, later in zip(chunk_at, chunk_at[1:])]
-    return chunk_at[0] - sent_at, gaps, chunk_at[-1] - sent_at
-
-
-def time_per_output_token(ttft: float, latency: float, output_tokens: int) -> float:
-    """TPOT: the decode time after the first token, per token after the first.
-
-    A request with one output token (or none) has no decode: its TPOT is 0, as in vLLM.
-    """
-    if output_tokens <= 1:
-        return 0.0
-    return (latency - ttft) / (output_tokens - 1)
-
-
-# Exercise 9.4: goodput at an SLO
-def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
-    """Whether a request met every SLO it is held to: {"ttft" | "tpot" | "e2el": seconds}.
-
-    A value equal to its limit meets it; the request's E2E latency is `record.latency`.
-    """
-    values = {"ttft": record.ttft, "tpot": record.tpot, "e2el": record.latency}
-    return all(values[name] <= limit for name, limit in slos.items())
-
-
-def request_goodput(
-    records: Sequence[RequestRecord], duration_s: float, slos: dict[str, float]
-) -> float:
-    """Goodput (DistServe): completed requests that met every SLO, per second of the run.
-
-    A failed request (`record.success` False) never counts, whatever its timings.
-    """
-    return sum(r.success and meets_slos(r, slos) for r in records) / duration_s
 
 
 # Exercise 9.5: stop strings across deltas

@@ -12,7 +12,7 @@ import torch
 from triton.compiler.errors import CompilationError
 
 import solutions.ch02_paged_attention as solutions
-from minserve.course import checks_ch02
+from minserve.course import checks_ch02, checks_ch02_first_steps
 from minserve.course.chapters import REPO_ROOT
 
 LAUNCHERS = (
@@ -22,6 +22,9 @@ LAUNCHERS = (
     "combine_splits",
     "paged_store",
     "paged_prefill",
+    "scale_vector",
+    "add_vectors",
+    "copy_tile",
 )
 
 
@@ -41,9 +44,11 @@ def test_every_check_hands_the_launcher_tensors_on_the_kernel_device(check, monk
         devices.extend(a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor))
         raise Launched
 
-    monkeypatch.setattr(checks_ch02, "kernel_device", lambda: torch.device("meta"))
-    for name in LAUNCHERS:
-        monkeypatch.setattr(checks_ch02, name, launcher)
+    for module in (checks_ch02, checks_ch02_first_steps):
+        monkeypatch.setattr(module, "kernel_device", lambda: torch.device("meta"))
+        for name in LAUNCHERS:
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, launcher)
     with pytest.raises(Launched):
         check(solutions)
     assert devices, "the check launched nothing"
@@ -58,5 +63,5 @@ def test_a_compiled_stub_counts_as_not_implemented():
     def compile_stub():
         raise CompilationError(source, stub, "unsupported AST node type: Raise")
 
-    with pytest.raises(NotImplementedError, match=r"^Exercise 2\.1: gather K rows"):
+    with pytest.raises(NotImplementedError, match=r"^Exercise 2\.1: one program per block"):
         checks_ch02.launched(compile_stub)

@@ -30,8 +30,9 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from test_chapters_stored import NOTEBOOKS, _cells, _text
+from test_chapters_stored import APPENDICES, NOTEBOOKS, _cells, _text
 
+from minserve.course import ladder
 from minserve.course.chapters import CHAPTERS, REPO_ROOT
 from minserve.course.generate import chapter_exercises
 
@@ -92,6 +93,9 @@ QUOTED = re.compile(
 )
 STORED = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?![\d])|\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
 RECORD = re.compile(r"benchmarks/(\w+)\.(?:md|py)")  # a benchmark and its record, NAME.md
+EXERCISE_TABLE = re.compile(
+    re.escape(ladder.START) + r".*?" + re.escape(ladder.END), re.DOTALL
+)  # fmt: skip
 SECTION = re.compile(r"\bsections?\s+$", re.IGNORECASE)
 CODE_OR_LINK = re.compile(
     r"```.*?```|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|https?://\S+|<[^>]+>", re.DOTALL
@@ -124,8 +128,10 @@ class Quote:
 
 
 def _prose(markdown: str) -> str:
-    """The markdown's words: no headings, code, math, link targets or URLs (blanked to
-    spaces, so that positions still line up with the words around them)."""
+    """The markdown's words: no headings, code, math, link targets or URLs, nor the table of
+    exercises the ladder writes (estimated times, checked by tests/test_ladder.py); blanked
+    to spaces, so that positions still line up with the words around them."""
+    markdown = EXERCISE_TABLE.sub(lambda m: " " * len(m.group()), markdown)
     lines = markdown.split("\n")
     text = "\n".join(" " * len(line) if line.lstrip().startswith("#") else line for line in lines)
     return CODE_OR_LINK.sub(lambda m: " " * len(m.group()), text)
@@ -199,8 +205,9 @@ def _exempt(quote: Quote, markdown: str, chapter: str) -> bool:
 
 @cache
 def _exercise_ids(chapter: str) -> frozenset[str]:
-    found = next(c for c in CHAPTERS if c.number == chapter)
-    return frozenset(e.id for e in chapter_exercises(found))
+    """The chapter's exercise ids; none for an appendix."""
+    found = [c for c in CHAPTERS if c.number == chapter]
+    return frozenset(e.id for c in found for e in chapter_exercises(c))
 
 
 def _notebook_numbers(notebook: Path) -> set[float]:
@@ -239,7 +246,7 @@ def _chapter(notebook: Path) -> str:
     return notebook.name[:2]
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+@pytest.mark.parametrize("notebook", NOTEBOOKS + APPENDICES, ids=lambda path: path.stem)
 def test_every_number_a_chapter_quotes_is_in_its_stored_outputs(notebook: Path) -> None:
     pieces = [
         (f"cell {number}", _text(cell["source"]))

@@ -21,6 +21,7 @@ from minserve.course.regions import solution_blocks
 from minserve.course.stats import chapter_stats
 
 NOTEBOOKS = sorted((REPO_ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
+APPENDICES = sorted((REPO_ROOT / "chapters").glob("appendix_*.ipynb"))  # no exercises
 MIN_SOLUTION_LINE = 25  # shorter lines (`return out`, `i += 1`) are common to any code
 
 
@@ -71,7 +72,7 @@ def solution_lines() -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+@pytest.mark.parametrize("notebook", NOTEBOOKS + APPENDICES, ids=lambda path: path.stem)
 def test_every_code_cell_was_executed_and_stored(notebook: Path) -> None:
     missing = [number for number, cell in _code_cells(notebook) if cell["execution_count"] is None]
     assert not missing, (
@@ -80,7 +81,7 @@ def test_every_code_cell_was_executed_and_stored(notebook: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+@pytest.mark.parametrize("notebook", NOTEBOOKS + APPENDICES, ids=lambda path: path.stem)
 def test_every_chapter_stores_a_figure(notebook: Path) -> None:
     figures = [
         number
@@ -91,7 +92,7 @@ def test_every_chapter_stores_a_figure(notebook: Path) -> None:
     assert figures, f"{notebook.name}: no code cell stores a figure (an image/png output)"
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+@pytest.mark.parametrize("notebook", NOTEBOOKS + APPENDICES, ids=lambda path: path.stem)
 def test_no_cell_shows_an_exercises_solution(notebook: Path) -> None:
     shown = [
         f"cell {number} shows exercise {exercise}'s line {line!r}"

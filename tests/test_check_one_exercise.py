@@ -191,9 +191,9 @@ WITHOUT_THE_MAX = """\
 
 def test_nan_from_an_online_softmax_without_its_max_is_named_with_the_max_subtraction(tmp_path):
     root = _student(tmp_path, "ch02_paged_attention", [(ONLINE_SOFTMAX, WITHOUT_THE_MAX)])
-    code, report = _report("02", root, "2.3")
+    code, report = _report("02", root, "2.6")
     assert code == 1
-    failure = report.split("2.3, first failure: ", 1)[1]
+    failure = report.split("2.6, first failure: ", 1)[1]
     assert failure.startswith("Scale 20: scores in the hundreds")
     message = failure.split("\n", 1)[1]
     assert message.startswith("  your result holds NaN in ")  # said first, before the error
@@ -229,18 +229,18 @@ def test_an_error_raised_in_a_kernel_helper_points_at_the_students_lines(
     helper = (
         "\n\n@triton.jit\ndef weighted_sum(p, v):\n"
         "    return tl.dot(p, v)  # p is one row: tl.dot wants 2-D tiles\n\n\n"
-        "# Exercise 2.2:"
+        "# Exercise 2.5:"
     )
     root = _student(
         tmp_path,
         "ch02_paged_attention",
         [
             (ONE_TILE_OUT, "    out = weighted_sum(p, v) / tl.sum(p, axis=0)\n"),
-            ("\n\n# Exercise 2.2:", helper),
+            ("\n\n# Exercise 2.5:", helper),
         ],
     )
-    code, report = _report("02", root, "2.2")
-    failure = report.split("2.2, first failure: ", 1)[1].split("\n\n", 1)[0]
+    code, report = _report("02", root, "2.5")
+    failure = report.split("2.5, first failure: ", 1)[1].split("\n\n", 1)[0]
     assert code == 1
     helper_line, call_line = (
         _line_of(root, "return tl.dot(p, v)"),
@@ -264,8 +264,8 @@ def test_an_error_in_the_given_store_names_the_students_line_that_set_its_value(
     root = _student(
         tmp_path, "ch02_paged_attention", [(ONE_TILE_OUT, "    out = p[:, None] * v\n")]
     )
-    code, report = _report("02", root, "2.2")
-    failure = report.split("2.2, first failure: ", 1)[1].split("\n\n", 1)[0]
+    code, report = _report("02", root, "2.5")
+    failure = report.split("2.5, first failure: ", 1)[1].split("\n\n", 1)[0]
     store, out = _line_of(root, TILE_STORE), _line_of(root, "out = p[:, None] * v")
     assert code == 1
     assert f"given code (not yours) at exercises/ch02_paged_attention.py:{store}" in failure

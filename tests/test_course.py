@@ -447,7 +447,7 @@ def test_the_progress_note_of_an_exercise_says_what_must_change(tmp_path):
     (tmp_path / "exercises" / "ch03_scheduler.py").write_text(endless)
     code, report = _report("03", root=tmp_path, time_limit=0.5)
     assert code == 1
-    assert "Exercise 3.1: your loop made no progress in 0.5 s: each pass must take" in report
+    assert "Exercise 3.2: your loop made no progress in 0.5 s: each pass must take" in report
     assert "in _admit_waiting" in report and "skipped: it calls _admit_waiting" in report
 
 

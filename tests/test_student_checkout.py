@@ -27,9 +27,9 @@ ANSWER_LINE_LENGTH = 30
 # Files that repeat a line of an answer, knowingly: (exercise, path) -> why it stays.
 KNOWN_COPIES = {
     ("0.4", "minserve/worker/memory.py"): "the memory profile widens KV heads the same way",
-    ("2.2", "minserve/attention/triton_kv8.py"): "the 8-bit KV decode kernel",
-    ("2.3", "minserve/attention/triton_kv8.py"): "repeats 2.3's online softmax over int8/fp8",
-    ("2.5", "minserve/attention/triton_kv8.py"): "its int8 store loads slots the same way",
+    ("2.5", "minserve/attention/triton_kv8.py"): "the 8-bit KV decode kernel",
+    ("2.6", "minserve/attention/triton_kv8.py"): "repeats 2.6's online softmax over int8/fp8",
+    ("2.8", "minserve/attention/triton_kv8.py"): "its int8 store loads slots the same way",
     ("7.4", "minserve/course/checks_ch07.py"): "a counting communicator forwards all_reduce",
 }
 

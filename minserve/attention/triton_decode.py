@@ -26,7 +26,7 @@ from minserve.attention.triton_store import paged_store_kernel
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism
 
 
-# >>> exercise 2.3: the paged decode kernel
+# >>> exercise 2.6: the paged decode kernel
 @triton.jit
 def paged_decode_kernel(
     q_ptr,  # [S, Hq, D]: each sequence's one query token
@@ -116,7 +116,7 @@ def paged_decode_kernel(
 # <<< exercise
 
 
-# >>> exercise 2.4: combine the splits (flash-decoding)
+# >>> exercise 2.7: combine the splits (flash-decoding)
 @triton.jit
 def combine_splits_kernel(
     part_ptr,  # [S, Hq, num_splits, D] fp32: each split's normalised output
@@ -256,7 +256,7 @@ def paged_decode(
     """Decode attention: q [S, Hq, D] over each sequence's paged K/V -> [S, Hq, D].
 
     `kernel` and `combine_kernel` may be any kernels with `paged_decode_kernel`'s and
-    `combine_splits_kernel`'s signatures (chapter 02's exercises 2.3 and 2.4).
+    `combine_splits_kernel`'s signatures (chapter 02's exercises 2.6 and 2.7).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]

@@ -18,7 +18,7 @@ from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a 
 from minserve.attention.triton_env import compile_for_any, dot_precision
 
 
-# >>> exercise 2.6: the paged prefill kernel (causal, over the cached prefix)
+# >>> exercise 2.9: the paged prefill kernel (causal, over the cached prefix)
 @triton.jit
 def paged_prefill_kernel(
     q_ptr,  # [T, Hq, D]: the step's query tokens, each sequence's rows contiguous
@@ -52,7 +52,7 @@ def paged_prefill_kernel(
     query position (a tile wholly past the chunk reads none): look each key up in the
     block table, load K and V of the query head's KV head (GQA: head // GROUP) masked past
     the keys' end, score with tl.dot, -inf where a key is not visible to a row, and keep
-    the online softmax of 2.3. Key 0 is visible to every row, so each valid row's max is
+    the online softmax of 2.6. Key 0 is visible to every row, so each valid row's max is
     finite. Leave `m` [BLOCK_M], `l` [BLOCK_M] and `acc` [BLOCK_M, BLOCK_D] for the lines
     after the loop.
     """
@@ -138,7 +138,7 @@ def paged_prefill(
 
     Sequence i's queries are rows query_starts[i] .. + query_lens[i] of q; rows of other
     sequences are left untouched (the decode kernel fills them). `kernel` may be any kernel
-    with `paged_prefill_kernel`'s signature (chapter 02's exercise 2.6).
+    with `paged_prefill_kernel`'s signature (chapter 02's exercise 2.9).
     """
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]

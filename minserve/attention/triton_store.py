@@ -14,7 +14,7 @@ import triton.language as tl
 from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a CPU)
 
 
-# >>> exercise 2.5: store the step's keys and values by slot
+# >>> exercise 2.8: store the step's keys and values by slot
 @triton.jit
 def paged_store_kernel(
     k_ptr,  # [T, Hkv, D]: the step's new keys
@@ -70,7 +70,7 @@ def paged_store(
 
     The same contract as `paged_store_reference`, its plain-torch oracle, except that a
     negative slot (padding) stores nothing. `kernel` may be any kernel with
-    `paged_store_kernel`'s signature (chapter 02's exercise 2.5).
+    `paged_store_kernel`'s signature (chapter 02's exercise 2.8).
     """
     if k_cache.stride() != v_cache.stride() or k_cache.shape != v_cache.shape:
         raise ValueError("k_cache and v_cache must have the same shape and strides")

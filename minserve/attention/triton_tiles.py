@@ -6,7 +6,7 @@ it scores the query against them and takes a softmax (`tile_attention_kernel` he
 stops after one tile: its context fits in one). The decode kernel's loop is these two
 bodies, repeated tile after tile, with the running max and sum carried from one tile to the
 next (the online softmax). The engine launches only the decode kernel; chapter 02 builds up
-to it through these two (exercises 2.1 and 2.2), each checked on its own against torch.
+to it through these two (exercises 2.4 and 2.5), each checked on its own against torch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import triton.language as tl
 from minserve.attention import triton_env  # noqa: F401  (TRITON_INTERPRET on a CPU)
 
 
-# >>> exercise 2.1: gather K rows through the block table
+# >>> exercise 2.4: gather K rows through the block table
 @triton.jit
 def gather_kv_kernel(
     cache_ptr,  # [num_blocks, block_size, Hkv, D]: the pool's K (or V) of one layer
@@ -58,7 +58,7 @@ def gather_kv_kernel(
 # <<< exercise
 
 
-# >>> exercise 2.2: one tile of softmax attention
+# >>> exercise 2.5: one tile of softmax attention
 @triton.jit
 def tile_attention_kernel(
     q_ptr,  # [Hq, D]: one sequence's query token
@@ -80,7 +80,7 @@ def tile_attention_kernel(
     """Attend one query head over a context that fits one tile: `out[head]` =
     softmax(scale * K q) V over the sequence's first `context_len` tokens.
 
-    Gather the tile's K and V as in exercise 2.1 (masked: other=0.0), convert them to fp32,
+    Gather the tile's K and V as in exercise 2.4 (masked: other=0.0), convert them to fp32,
     score q against every key, give the slots past the context a score of -inf, and take
     the softmax with its maximum subtracted first (exp of a large score overflows). Leave
     the output row `out` [BLOCK_D] for the store below.

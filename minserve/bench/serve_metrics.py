@@ -42,7 +42,7 @@ class RequestRecord:
         return time_per_output_token(self.ttft, self.latency, self.output_tokens)
 
 
-# >>> exercise 9.3: TTFT, ITL and TPOT from timestamps
+# >>> exercise 9.1: TTFT, ITL and TPOT from timestamps
 def request_timings(sent_at: float, chunk_at: Sequence[float]) -> tuple[float, list[float], float]:
     """(TTFT, ITL gaps, E2E latency) of a request sent at `sent_at` whose chunks with a
     choice arrived at `chunk_at` (ascending, at least one; seconds from one clock).
@@ -91,7 +91,7 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     return slos
 
 
-# >>> exercise 9.4: goodput at an SLO
+# >>> exercise 9.2: goodput at an SLO
 def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
     """Whether a request met every SLO it is held to: {"ttft" | "tpot" | "e2el": seconds}.
 

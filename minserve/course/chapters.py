@@ -109,6 +109,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         title="Paged attention",
         module="ch02_paged_attention",
         sources=(
+            "attention/triton_first_steps.py",
             "attention/triton_tiles.py",
             "attention/triton_decode.py",
             "attention/triton_store.py",
@@ -116,14 +117,16 @@ CHAPTERS: tuple[Chapter, ...] = (
         ),
         header=(
             '"""Chapter 02, Paged attention: the Triton kernels of the engine\'s attention.\n\n'
-            "2.1 gathers a sequence's K rows through its block table; 2.2 attends one query over\n"
-            "a context that fits one tile; 2.3 is the engine's decode kernel, an online softmax\n"
-            "tile after tile; 2.4 merges the splits of flash-decoding; 2.5 stores a step's new\n"
-            "keys and values in the pool by slot; 2.6 attends a prefill chunk causally over\n"
-            "its cached prefix and itself. Launch them with `gather_kv`, `tile_attention`,\n"
-            "`paged_decode(..., kernel=, combine_kernel=)`, `paged_store(..., kernel=)` and\n"
-            "`paged_prefill(..., kernel=)`; run the engine on 2.3-2.6 with\n"
-            '`LLM(attention_backend="triton",\n'
+            "2.1-2.3 are Triton's first moves: one program per block (`tl.program_id`,\n"
+            "`tl.arange`), masked loads and stores, a 2-D tile through strides; launch them with\n"
+            "`scale_vector`, `add_vectors` and `copy_tile`. 2.4 gathers a sequence's K rows\n"
+            "through its block table; 2.5 attends one query over a context that fits one tile;\n"
+            "2.6 is the engine's decode kernel, an online softmax tile after tile; 2.7 merges the\n"
+            "splits of flash-decoding; 2.8 stores a step's new keys and values in the pool by\n"
+            "slot; 2.9 attends a prefill chunk causally over its cached prefix and itself. Launch\n"
+            "them with `gather_kv`, `tile_attention`, `paged_decode(..., kernel=,\n"
+            "combine_kernel=)`, `paged_store(..., kernel=)` and `paged_prefill(..., kernel=)`;\n"
+            'run the engine on 2.6-2.9 with `LLM(attention_backend="triton",\n'
             "plugins=CoursePlugins(decode_kernels=DecodeKernels.from_module(module)))`.\n"
             "On a CPU they run in Triton's interpreter (TRITON_INTERPRET=1, set by\n"
             "minserve.attention.triton_env).\n"
@@ -135,6 +138,11 @@ CHAPTERS: tuple[Chapter, ...] = (
             "from minserve.attention.triton_decode import paged_decode  # noqa: F401\n"
             "from minserve.attention.triton_store import paged_store  # noqa: F401\n"
             "from minserve.attention.triton_env import dot_precision  # noqa: F401\n"
+            "from minserve.attention.triton_first_steps import (  # noqa: F401\n"
+            "    add_vectors,\n"
+            "    copy_tile,\n"
+            "    scale_vector,\n"
+            ")\n"
             "from minserve.attention.triton_prefill import paged_prefill  # noqa: F401\n"
             "from minserve.attention.triton_tiles import gather_kv, tile_attention  # noqa: F401\n"
         ),
@@ -148,11 +156,14 @@ CHAPTERS: tuple[Chapter, ...] = (
         sources=("scheduler/scheduler.py",),
         header=(
             '"""Chapter 03, Continuous batching: the scheduler that builds every step\'s batch.\n\n'
-            "Each step, running sequences go first (decodes, then prefill chunks), preempting\n"
-            "when the KV cache runs out of blocks; then waiting ones are admitted in policy\n"
-            "order while the token budget, the seats and the blocks last. Plug your class\n"
-            "into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.\n"
+            "3.1 appends a sequence's sampled tokens through the stop rules. 3.2: each step,\n"
+            "running sequences go first (decodes, then prefill chunks), preempting when the\n"
+            "KV cache runs out of blocks; then waiting ones are admitted in policy order\n"
+            "while the token budget, the seats and the blocks last. 3.3 moves every sequence\n"
+            "on by what the step produced. Plug your class (it calls the module's 3.1 and\n"
+            "3.3) into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.\n"
             '"""\n\n'
+            "from __future__ import annotations  # 3.1 names 3.2's Scheduler\n\n"
             "from collections.abc import Callable\n\n"
             "from minserve.config import SchedulerConfig\n"
             "from minserve.kvcache.manager import KVCacheManager\n"
@@ -206,16 +217,16 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="sharing_prefixes",
         title="Sharing prefixes",
         module="ch05_radix_cache",
-        sources=("kvcache/radix_cache.py", "scheduler/cache_aware.py"),
+        sources=("scheduler/cache_aware.py", "kvcache/radix_cache.py"),
         header=(
-            '"""Chapter 05, Sharing prefixes: the radix tree of the prefix cache, and the\n'
-            "scheduling policy that serves cache hits first.\n\n"
-            "A radix tree over token ids at block granularity (SGLang's RadixAttention): you\n"
+            '"""Chapter 05, Sharing prefixes: the scheduling policy that serves cache hits\n'
+            "first, and the radix tree of the prefix cache.\n\n"
+            "First `LongestPrefixMatch`, SGLang's longest-prefix-match policy: plug it in with\n"
+            "`LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`. Then a\n"
+            "radix tree over token ids at block granularity (SGLang's RadixAttention): you\n"
             "write `match_prefix`, `insert` and `evict`. Plug your class into the engine with\n"
             "`LLM(enable_prefix_caching=True,\n"
-            "plugins=CoursePlugins(prefix_cache_cls=RadixCache))`. Then `LongestPrefixMatch`,\n"
-            "SGLang's longest-prefix-match policy: plug it in with\n"
-            "`LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`.\n"
+            "plugins=CoursePlugins(prefix_cache_cls=RadixCache))`.\n"
             '"""\n\n'
             "import heapq\n"
             "import itertools\n"
@@ -345,20 +356,20 @@ CHAPTERS: tuple[Chapter, ...] = (
         title="Assembling the server",
         module="ch09_server",
         sources=(
+            "bench/serve_metrics.py",
             "router/policy.py",
             "output_processor.py",
-            "bench/serve_metrics.py",
             "stop_strings.py",
             "server/limits.py",
         ),
         header=(
             '"""Chapter 09, Assembling the server: prefix routing, streaming, goodput, stop\n'
             "strings.\n\n"
-            "You write `CacheAware.choose`, the router's pick of a replica (the longest prefix\n"
-            "it is expected to hold, unless that replica is too busy), then\n"
+            "You write a request's TTFT, ITL and TPOT from its timestamps and the goodput of a\n"
+            "run at an SLO, then `CacheAware.choose`, the router's pick of a replica (the\n"
+            "longest prefix it is expected to hold, unless that replica is too busy), then\n"
             "`SampleOutput.update`, the output processor's turn of new tokens into the text\n"
-            "delta a stream sends, then a request's TTFT, ITL and TPOT from its timestamps\n"
-            "and the goodput of a run at an SLO, then `StopStringMatcher`, which cuts a\n"
+            "delta a stream sends, then `StopStringMatcher`, which cuts a\n"
             "stream of text at its first stop string, then `ServerLimits`, the server's\n"
             "refusal of what a request can never get. Plug your policy into the router with\n"
             "`build_router(config, policy=CacheAware(PrefixIndex(2)))` and your outputs into\n"
@@ -367,7 +378,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             "of a load test (`run_load(...).records`), and your limits into the server with\n"
             "`build_server(llm.engine, ServerConfig(...), limits_cls=ServerLimits)`.\n"
             '"""\n\n'
-            "from __future__ import annotations  # 9.2 names 9.5's StopStringMatcher\n\n"
+            "from __future__ import annotations  # 9.4 names 9.5's StopStringMatcher\n\n"
             "from collections.abc import Sequence\n"
             "from dataclasses import dataclass\n\n"
             "from minserve.bench.serve_metrics import RequestRecord\n"

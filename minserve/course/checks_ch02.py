@@ -6,8 +6,8 @@ every other slot filled with NaN: a kernel that reads one slot past a context re
 launches the kernel under test through minserve's launchers (`gather_kv`, `tile_attention`,
 `paged_decode(kernel=..., combine_kernel=...)`, `paged_store(kernel=...)`,
 `paged_prefill(kernel=...)`), and compares it with plain torch: an indexing of the pool for
-2.1, `paged_attention_reference` for 2.2-2.4 and 2.6, a log-sum-exp merge for 2.4, an
-indexed assignment of the pool's slots for 2.5 (between guard rows that must stay as they
+2.4, `paged_attention_reference` for 2.5-2.7 and 2.9, a log-sum-exp merge for 2.7, an
+indexed assignment of the pool's slots for 2.8 (between guard rows that must stay as they
 were). Each rung is checked alone: the other kernels of a launch are minserve's. A
 mismatch names the sequence, its context length, the query head and the largest error. The
 tensors live where the kernel runs: the CPU in Triton's interpreter, the GPU when Triton
@@ -17,18 +17,12 @@ compiles.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TypeVar
 
-import numpy as np
 import torch
 from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
-from triton.compiler.errors import CompilationError
-from triton.runtime.errors import InterpreterError
 
 from minserve.attention.metadata import AttentionMetadata
 from minserve.attention.paged_torch import paged_attention_reference
@@ -37,14 +31,15 @@ from minserve.attention.triton_env import interpreting
 from minserve.attention.triton_prefill import paged_prefill
 from minserve.attention.triton_store import paged_store
 from minserve.attention.triton_tiles import gather_kv, tile_attention
+from minserve.course.checks_ch02_first_steps import FIRST_STEP_CHECKS
+from minserve.course.checks_ch02_first_steps import HINTS as FIRST_STEP_HINTS
 from minserve.course.nonfinite import (
     LOG_OF_ZERO,
     MASKED_ROW,
     MAX_SUBTRACTION,
     lead_with_nonfinite,
 )
-
-T = TypeVar("T")
+from minserve.course.triton_launch import kernel_device, launched
 
 BLOCK_SIZE = 4
 HEAD_DIM = 16
@@ -119,27 +114,9 @@ class DecodeCase:
         return OUTSIDE_THE_CONTEXT, MASKED_ROW, MAX_SUBTRACTION, LOG_OF_ZERO
 
 
-def launched(launch: Callable[..., T], *args, **kwargs) -> T:
-    """Run a kernel launch; what the kernel raised comes out as itself. In the interpreter a
-    stub raises its NotImplementedError; compiled, Triton rejects the `raise` statement."""
-    try:
-        with np.errstate(all="ignore"):  # the interpreter's numpy: NaN is the report's to name
-            return launch(*args, **kwargs)
-    except InterpreterError as error:  # the interpreter wraps what the kernel raised
-        raised = error.__cause__ or error
-        raise raised from raised.__cause__  # `from None` would drop what it wraps in turn
-    except CompilationError as error:
-        if stub := _STUB.search(str(error)):
-            raise NotImplementedError(stub["label"]) from None
-        raise
-
-
-_STUB = re.compile(r'raise NotImplementedError\("(?P<label>Exercise [^"]+)"\)')
-
-
 def run_kernel(impl: ModuleType, case: DecodeCase, **options) -> torch.Tensor:
-    """Launch the implementation's decode kernel (2.3) with minserve's combine; or, with
-    `combine=True`, minserve's decode kernel with the implementation's combine (2.4)."""
+    """Launch the implementation's decode kernel (2.6) with minserve's combine; or, with
+    `combine=True`, minserve's decode kernel with the implementation's combine (2.7)."""
     md = case.metadata
     kernels = (
         {"combine_kernel": impl.combine_splits_kernel}
@@ -163,11 +140,6 @@ def run_kernel(impl: ModuleType, case: DecodeCase, **options) -> torch.Tensor:
 
 # tl.dot tiles: the interpreter takes 4 (short tests), the GPU compiler at least 16
 TILE = 4 if interpreting() else 16
-
-
-def kernel_device() -> torch.device:
-    """Where Triton kernels run here: the CPU in the interpreter, else the GPU."""
-    return torch.device("cpu") if interpreting() else torch.device("cuda")
 
 
 def assert_close(case: DecodeCase, got: torch.Tensor, what: str, scale: float | None = None):
@@ -194,7 +166,7 @@ def _head(row: torch.Tensor) -> str:
 
 
 def gathered(case: DecodeCase, seq: int, kv_head: int) -> torch.Tensor:
-    """What 2.1 should return: the sequence's K rows of `kv_head` by indexing, [n, D]."""
+    """What 2.4 should return: the sequence's K rows of `kv_head` by indexing, [n, D]."""
     n = int(case.metadata.context_lens[seq])
     table = case.metadata.block_tables[seq].cpu().long()
     tokens = torch.arange(n)
@@ -239,7 +211,7 @@ def check_gather_tiles_span_blocks(impl: ModuleType) -> None:
 
 
 def run_tile(impl: ModuleType, case: DecodeCase, scale: float | None = None) -> torch.Tensor:
-    """2.2 on every sequence of the case, one at a time: [S, Hq, D] on the CPU."""
+    """2.5 on every sequence of the case, one at a time: [S, Hq, D] on the CPU."""
     md = case.metadata
     rows = [
         launched(
@@ -559,6 +531,7 @@ def check_prefill_with_large_scores_and_bf16(impl: ModuleType) -> None:
 
 
 CHECKS = [
+    *FIRST_STEP_CHECKS,
     check_gather_follows_the_block_table,
     check_gather_tiles_span_blocks,
     check_one_tile_softmax_attention,
@@ -583,12 +556,13 @@ CHECKS = [
 ]
 
 PROGRESS: dict[str, str] = {
-    "2.6": "each pass of the key loop must move `first` on by BLOCK_N, from 0 up to the "
+    "2.9": "each pass of the key loop must move `first` on by BLOCK_N, from 0 up to the "
     "tile's last visible key, never past the chunk's end",
 }
 
 HINTS: dict[str, tuple[str, str, str]] = {
-    "2.1": (
+    **FIRST_STEP_HINTS,
+    "2.4": (
         "A sequence's token t is not at row t of the pool: its block table says which "
         "physical block holds logical block t // block_size, and the token sits at offset "
         "t % block_size inside it. Tokens at or past context_len must not be read at all.",
@@ -603,9 +577,9 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "tl.store it at out_ptr + tokens[:, None] * stride_ot + dims[None, :], both masked by "
         "valid[:, None] & (dims < head_dim)[None, :].",
     ),
-    "2.2": (
+    "2.5": (
         "Attention for one query is softmax(scale * K q) V. The whole context fits one tile, "
-        "so gather K and V exactly as in 2.1 and take an ordinary softmax, with two guards: "
+        "so gather K and V exactly as in 2.4 and take an ordinary softmax, with two guards: "
         "slots past the context get score -inf (weight 0), and the max is subtracted before "
         "exp so large scores do not overflow.",
         "Gather K and V [BLOCK_N, BLOCK_D] with other=0.0 and convert them to fp32; scores "
@@ -616,13 +590,13 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "tl.where(valid, scores, -inf); p: tl.exp of the scores minus their tl.max over "
         "axis 0; out: tl.sum over axis 0 of p[:, None] times v, divided by p's total.",
     ),
-    "2.3": (
+    "2.6": (
         "The context no longer fits one tile: walk it BLOCK_N tokens at a time and keep an "
         "online softmax per query head, the running max m, the running sum l of exp2(score "
         "- m) and the running weighted sum of values acc. When a tile raises the max, what "
         "was summed under the old max is rescaled by exp2(m_old - m_new).",
         "Start m at -inf, l and acc at 0. For first in range(start, end, BLOCK_N): gather "
-        "the tile's K and V as in 2.1 (valid = tokens < end); scores [BLOCK_G, BLOCK_N] = "
+        "the tile's K and V as in 2.4 (valid = tokens < end); scores [BLOCK_G, BLOCK_N] = "
         "tl.dot(q, tl.trans(k)) with input_precision=PRECISION, -inf where not valid; "
         "m_new = max(m, row max); alpha = exp2(m - m_new); p = exp2(scores - m_new[:, None]); "
         "update l and acc with alpha, then m = m_new.",
@@ -631,7 +605,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "q is already multiplied by scale * log2(e), so use tl.exp2, never tl.exp; convert "
         "k and v to fp32 right after loading.",
     ),
-    "2.4": (
+    "2.7": (
         "Each split wrote its own normalised output and lse = log2 of its softmax "
         "denominator. The whole softmax's denominator is the sum of 2^lse_i, so the merged "
         "output is the average of the parts weighted by 2^lse_i. An empty split has lse = "
@@ -646,7 +620,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "and other=0.0; out: tl.sum over axis 0 of the weighted parts, over tl.sum of the "
         "weights.",
     ),
-    "2.5": (
+    "2.8": (
         "Slot s of the pool is offset s % block_size inside physical block s // block_size; "
         "the scheduler already chose each token's slot through its block table. Each "
         "program copies one token's [Hkv, D] rows of K and of V there, and a padding "
@@ -662,18 +636,18 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "times stride_kt, heads times stride_kh and dims times stride_kd (the same for v "
         "with its strides); .to(k_cache_ptr.dtype.element_ty) before tl.store.",
     ),
-    "2.6": (
+    "2.9": (
         "A prefill chunk is many queries at once, at positions prefix, prefix + 1, ...: the "
-        "same online softmax as 2.3, one running max, sum and weighted values per query row, "
+        "same online softmax as 2.6, one running max, sum and weighted values per query row, "
         "plus the causal rule: a row sees the keys up to its own position, never the ones "
         "after it.",
-        "Load the queries like 2.3 does, one row per query token of the tile (row "
+        "Load the queries like 2.6 does, one row per query token of the tile (row "
         "query_start + rows of q), then scale them. The keys to walk end at the tile's last "
         "valid query position plus one (prefix plus "
         "the smaller of the tile's end and query_len), or at 0 for a tile wholly past the "
         "chunk. The KV head is head // GROUP. In the loop: the keys' validity, their blocks "
         "from the table, masked K and V loads, the tl.dot scores, then -inf where the key is "
-        "invalid or past the row's position, then the update of 2.3 with exp2.",
+        "invalid or past the row's position, then the update of 2.6 with exp2.",
         "visible is key_valid[None, :] combined with keys[None, :] <= positions[:, None]; "
         "the K and V offsets add, to the block (as tl.int64) times stride_cb and the offset "
         "in the block times stride_cs, the KV head times stride_ch and the dims times "

@@ -10,10 +10,10 @@ computed samples one more. The last check is randomized (hypothesis): random arr
 prompt and output lengths, pool sizes, budgets and seats, your scheduler and minserve's
 side by side, batch for batch.
 
-The checks of exercise 3.2 drive minserve's own scheduler and hand the step's result to
-your `advance_sequences` (and `append_sampled`): the worker's part is played here, with
-sampled tokens chosen at random, and your update must leave every sequence, block and
-counter as minserve's does.
+The checks of exercises 3.1 and 3.3 drive minserve's own scheduler and hand the step's
+result to your `append_sampled` (3.1) and `advance_sequences` (3.3): the worker's part is
+played here, with sampled tokens chosen at random, and your update must leave every
+sequence, block and counter as minserve's does.
 """
 
 from __future__ import annotations
@@ -367,7 +367,7 @@ def check_random_workloads_match_minserves_scheduler(impl: ModuleType) -> None:
 check_random_workloads_match_minserves_scheduler.time_limit_factor = 3  # type: ignore[attr-defined]
 
 
-# --- exercise 3.2: the step's result, on minserve's scheduler ------------------------------
+# --- exercises 3.1 and 3.3: the step's result, on minserve's scheduler -----------------------
 
 EOS = 0
 
@@ -375,7 +375,7 @@ EOS = 0
 def _reference(
     num_blocks: int = 32, budget: int = 64, max_model_len: int = 1 << 30, **kv_options: Any
 ) -> ReferenceScheduler:
-    """minserve's scheduler, EOS token 0, over a fresh KV cache (your 3.2 moves it on)."""
+    """minserve's scheduler, EOS token 0, over a fresh KV cache (your 3.1 and 3.3 move it on)."""
     kv = KVCacheManager(BlockAllocator(num_blocks), BLOCK_SIZE, **kv_options)
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget)
     return ReferenceScheduler(config, kv, StopRules((EOS,), max_model_len))
@@ -659,6 +659,8 @@ check_random_steps_match_minserves_update.time_limit_factor = 3  # type: ignore[
 
 
 CHECKS = [
+    check_a_stop_token_among_accepted_drafts_ends_the_sequence,
+    check_eos_and_max_tokens_end_a_sequence,
     check_decodes_run_before_prefill_chunks,
     check_a_long_prompt_is_chunked_to_the_budget,
     check_max_num_seqs_caps_the_batch,
@@ -668,8 +670,6 @@ CHECKS = [
     check_a_step_that_preempted_admits_no_one,
     check_a_sequence_with_no_one_to_preempt_preempts_itself,
     check_random_workloads_match_minserves_scheduler,
-    check_a_stop_token_among_accepted_drafts_ends_the_sequence,
-    check_eos_and_max_tokens_end_a_sequence,
     check_prompt_chunks_advance_and_a_finished_prefill_forks,
     check_an_aborted_sequence_is_skipped,
     check_random_steps_match_minserves_update,
@@ -678,18 +678,17 @@ CHECKS = [
 # What each pass of an exercise's loop must change; a check that runs past its time limit
 # in that exercise's code says so.
 PROGRESS = {
-    "3.1": (
+    "3.1": "appending must move on to the next sampled token and stop at the first token "
+    "that finishes the sample",
+    "3.2": (
         "each pass must take a sequence off the queue (schedule it, skip it, or preempt "
         "it), and admission must stop at the first waiting sequence that does not fit"
     ),
-    "3.2": (
-        "each pass must move on to the next chunk (or the next sampled token), and appending "
-        "must stop at the first token that finishes the sample"
-    ),
+    "3.3": "each pass must move on to the next chunk",
 }
 
 HINTS = {
-    "3.1": (
+    "3.2": (
         "Two passes build the batch. Running sequences go first, decodes before prefill "
         "chunks, because a stream that stalls is worse than a late start; when the KV "
         "cache cannot grow, free blocks by preempting the sequence the policy serves last. "
@@ -712,23 +711,33 @@ HINTS = {
         "SeqStatus.RUNNING.",
     ),
 }
-HINTS["3.2"] = (
+HINTS["3.1"] = (
+    "A step may bring a sequence more than one token (a target token after accepted "
+    "drafts), and the stop rules must see them one at a time: a stop can come in the "
+    "middle, and the tokens after it were never generated as far as the user is concerned. "
+    "A finished sample gives back its blocks at once.",
+    "One loop over tokens.token_ids: append each token to seq.sample under "
+    "scheduler.rules, count it kept, and when seq.sample.finished, finish the sequence "
+    "(scheduler.finish) and break. "
+    "Then add the count to the scheduler's generation-token counter; the given return "
+    "builds the NewTokens from the first `kept` tokens.",
+    "Inside the loop: append the token to the sample with the scheduler's rules, add one "
+    "to kept, and if the sample is now finished, finish the sequence and break. After the "
+    "loop, add kept to the stats' count of generation tokens.",
+)
+HINTS["3.3"] = (
     "The scheduler is the one writer of its state: after the worker ran the step, every "
-    "scheduled chunk becomes computed, and each sampled token goes through the stop rules "
-    "one at a time, because a stop may come in the middle of accepted drafts. A finished "
-    "sample gives back its blocks at once, so the next step can admit someone else.",
+    "scheduled chunk becomes computed, and each sample's tokens go through your "
+    "append_sampled (3.1). A chunk that did not end its prompt sampled nothing.",
     "advance_sequences: one loop over the chunks; look the sequence up (skip the gone "
     "ones); record the cache hit, move num_computed_tokens to the chunk's end, cache the "
     "filled blocks when there is a prefix cache; then, if the chunk sampled, build the "
     "family (the sequence, plus its forks when it still has unforked samples), and pair "
     "each member with its SampledTokens: drafts first (only the first member has any), "
-    "then append_sampled. append_sampled: a loop over the token ids that counts what it "
-    "keeps and breaks after the one that finishes the sample (finish the sequence there); "
-    "then count, and build the NewTokens from the kept prefix.",
+    "then append_sampled.",
     "The chunk's end is chunk.start + chunk.num_new_tokens. The family is a list that "
     "starts with seq and continues with whatever scheduler.fork(seq) returns; zip it with "
     "the sampled rows (strict). Keep a num_drafts variable, read from "
     "runner_output.num_drafts with a default of 0, and reset it to 0 after the first "
-    "member. In append_sampled, slice both tokens.token_ids and tokens.logprobs to the "
-    "number kept; num_cached_tokens is seq.request.num_cached_tokens, or 0 when it is None.",
+    "member.",
 )

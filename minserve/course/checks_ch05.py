@@ -216,7 +216,7 @@ def check_random_operations_agree_with_minserves_tree(impl: ModuleType) -> None:
     run()
 
 
-# Exercise 5.2: the longest-prefix-match policy, on hand-made queues.
+# Exercise 5.1: the longest-prefix-match policy, on hand-made queues.
 def _kv(cached_prompts: list[list[int]]) -> KVCacheManager:
     """A KV manager whose prefix cache holds the whole blocks of `cached_prompts`."""
     allocator = BlockAllocator(64)
@@ -366,7 +366,7 @@ CHECKS = [
 ]
 
 HINTS: dict[str, tuple[str, str, str]] = {
-    "5.1": (
+    "5.2": (
         "The tree stores whole blocks only: an edge's tokens are a multiple of block_size, "
         "and a node's blocks hold the KV of its edge. The tree owns one allocator reference "
         "per cached block; eviction gives that reference back.",
@@ -381,7 +381,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "self._evictable_leaves() as (last_access, id, leaf) triples (the id breaks ties), "
         "and free the tail of leaf.blocks before trimming leaf.key.",
     ),
-    "5.2": (
+    "5.1": (
         "A policy is a sort key: lower tuples run first. Longest prefix match ranks waiting "
         "requests by how many of their tokens the cache already holds, and a guard lets any "
         "request that waited longer than max_wait_s jump ahead of everyone.",

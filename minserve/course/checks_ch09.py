@@ -118,7 +118,7 @@ def check_equal_replicas_take_turns(impl: ModuleType) -> None:
     )
 
 
-# --- exercise 9.2: SampleOutput.update, fed a sample's new tokens step by step ---
+# --- exercise 9.4: SampleOutput.update, fed a sample's new tokens step by step ---
 
 TEXT = "Hello there, café 😀 world. The answer is 42. END of it"
 
@@ -279,7 +279,7 @@ def check_logprobs_travel_with_their_tokens(impl: ModuleType) -> None:
     )
 
 
-# --- exercises 9.3 and 9.4: timings and goodput, against minserve.bench.serve_metrics ---
+# --- exercises 9.1 and 9.2: timings and goodput, against minserve.bench.serve_metrics ---
 
 _PROPERTY = settings(max_examples=150, deadline=None, database=None, derandomize=True)
 
@@ -603,7 +603,7 @@ CHECKS = [
 
 
 HINTS: dict[str, tuple[str, str, str]] = {
-    "9.1": (
+    "9.3": (
         "Route to the replica that already holds the most of this prompt (its prefix cache "
         "will serve it), but not at any price: a replica far busier than the idlest one "
         "loses to load.",
@@ -614,7 +614,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "candidates by (matched tokens, minus load); compare loads[best] - "
         "loads[least] with self.balance_threshold (strictly greater passes it over).",
     ),
-    "9.2": (
+    "9.4": (
         "A delta is what this step adds: token ids become text through the incremental "
         "detokenizer, and text passes the stop-string matcher, which may hold some back or "
         "cut it; a token whose text is held back still goes out, with empty text.",
@@ -626,7 +626,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "self.stops.feed(self.detokenizer.flush())[0] + self.stops.flush(); the EOS token "
         "('stop') adds no text of its own.",
     ),
-    "9.3": (
+    "9.1": (
         "Every latency a client reports is a difference of two timestamps on one clock: "
         "when the request went out and when each chunk with a token came back.",
         "TTFT: first chunk minus the send time; ITL: the gaps between neighbouring chunks; "
@@ -636,7 +636,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "elements of chunk_at give TTFT and E2E against sent_at; for TPOT, return 0.0 early "
         "when output_tokens <= 1.",
     ),
-    "9.4": (
+    "9.2": (
         "Goodput counts only the requests that met every SLO they are held to, per second "
         "of the run: a request that finished too late is not served.",
         "meets_slos: look up the request's value for each SLO name (ttft, tpot, e2el) and "

@@ -55,7 +55,7 @@ class PrefixMatch:
         return len(self.blocks)
 
 
-# >>> exercise 5.1: the radix tree (match_prefix, insert, evict)
+# >>> exercise 5.2: the radix tree (match_prefix, insert, evict)
 class RadixCache:
     """SGLang's radix tree over token ids, at block granularity, with LRU eviction.
 

@@ -68,7 +68,7 @@ class RoundRobin:
         pass
 
 
-# >>> exercise 9.1: cache-aware routing
+# >>> exercise 9.3: cache-aware routing
 class CacheAware:
     """Longest expected prefix match, balanced against load (SGLang's cache-aware router)."""
 

@@ -21,7 +21,7 @@ from minserve.scheduler.sequence import SeqStatus, Sequence
 DEFAULT_MAX_WAIT_S = 10.0
 
 
-# >>> exercise 5.2: longest-prefix-match scheduling
+# >>> exercise 5.1: longest-prefix-match scheduling
 class LongestPrefixMatch:
     """A policy key (lower is served first): starved requests, then longest cached prefix,
     then first come, first served. Running and swapped sequences are ranked FCFS.

@@ -17,10 +17,11 @@ tokens, finished sequences. It returns each sample's new tokens, the sequences i
 and the requests it aborted (`SchedulerUpdate`) for the output processor, whose one message
 back (`OutputStops`: stop strings, text that failed) `apply_stops()` carries out.
 
-The class is chapter 03's exercise 3.1 (the marked region below): students write
-`_schedule_running` and `_admit_waiting`; exercise 3.2 is the step's result,
-`advance_sequences` and `append_sampled` after the class, which `update_from_output` calls.
-A student's class, with the 3.2 functions of its own module, plugs into the engine with
+Chapter 03's exercises are marked regions below: 3.1 is `append_sampled`, a sequence's
+sampled tokens appended under the stop rules; 3.2 is the class, where students write
+`_schedule_running` and `_admit_waiting`; 3.3 is the step's result, `advance_sequences`
+after the class, which `update_from_output` calls (and which calls 3.1). A student's
+class, with the 3.1 and 3.3 functions of its own module, plugs into the engine with
 `LLM(scheduler_cls=...)`. Two decisions it asks of small functions are chapter 04's
 exercises: a sequence's share of the token budget (`budget.prefill_chunk`) and whether a
 preempted sequence is swapped or recomputed (`preemption.preemption_mode`); the engine
@@ -88,7 +89,41 @@ class SchedulerStats:
     num_prefix_cache_hits: int = 0  # ... of which came from the prefix cache
 
 
-# >>> exercise 3.1: schedule(): running sequences first, then waiting ones
+# >>> exercise 3.1: append a step's sampled tokens, with the stop rules
+def append_sampled(scheduler: Scheduler, seq: Sequence, tokens: SampledTokens) -> NewTokens:
+    """Append sampled tokens to `seq.sample` one at a time, with the stop rules.
+
+    `seq.sample.append(token, scheduler.rules)` adds one token and checks EOS, stop token
+    ids, max_tokens and the model's length limit; once `seq.sample.finished`, the sequence
+    is done: `scheduler.finish(seq)` frees its blocks, and the tokens after the stop (a
+    stop may come inside accepted drafts) are dropped. Add the tokens kept to
+    `scheduler.stats.num_generation_tokens`; `kept` counts them for the `NewTokens` below.
+    """
+    sample, kept = seq.sample, 0
+    # >>> solution
+    for token in tokens.token_ids:
+        sample.append(token, scheduler.rules)
+        kept += 1
+        if sample.finished:
+            scheduler.finish(seq)
+            break
+    scheduler.stats.num_generation_tokens += kept
+    # <<< solution
+    return NewTokens(
+        request_id=seq.request_id,
+        index=sample.index,
+        token_ids=tokens.token_ids[:kept],
+        logprobs=tokens.logprobs[:kept],
+        finish_reason=sample.finish_reason,
+        stop_reason=sample.stop_reason,
+        num_cached_tokens=seq.request.num_cached_tokens or 0,
+    )
+
+
+# <<< exercise
+
+
+# >>> exercise 3.2: schedule(): running sequences first, then waiting ones
 class Scheduler:
     """Decides, each step, which sequences run and how many tokens each computes.
 
@@ -344,7 +379,7 @@ class Scheduler:
         their full blocks cached), accepted drafts too (rejected drafts' slots are rolled
         back), a finished prefill forks into its n samples, sampled tokens are appended
         with the token stop rules, and finished sequences free their blocks
-        (`advance_sequences`, exercise 3.2). Returns each sample's new tokens, in batch
+        (`advance_sequences`, exercise 3.3). Returns each sample's new tokens, in batch
         order, with the sequences finished and the requests aborted meanwhile.
         """
         if self.drafts is not None and runner_output.timings is not None:
@@ -448,7 +483,7 @@ class Scheduler:
 # <<< exercise
 
 
-# >>> exercise 3.2: update_from_output(): move each sequence on by what the step produced
+# >>> exercise 3.3: update_from_output(): move each sequence on by what the step produced
 def advance_sequences(
     scheduler: Scheduler, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
 ) -> list[NewTokens]:
@@ -490,38 +525,6 @@ def advance_sequences(
                 num_drafts = 0  # siblings forked this step never speculate
             new_tokens.append(append_sampled(scheduler, member, tokens))
     return new_tokens
-    # <<< solution
-
-
-def append_sampled(scheduler: Scheduler, seq: Sequence, tokens: SampledTokens) -> NewTokens:
-    """Append sampled tokens to `seq.sample` one at a time, with the stop rules.
-
-    `seq.sample.append(token, scheduler.rules)` adds one token and checks EOS, stop token
-    ids, max_tokens and the model's length limit; once `seq.sample.finished`, the sequence
-    is done: `scheduler.finish(seq)` frees its blocks, and the tokens after the stop (a
-    stop may come inside accepted drafts) are dropped. Add the tokens kept to
-    `scheduler.stats.num_generation_tokens`. Returns them as `NewTokens` (with their
-    logprobs, the sample's index, finish and stop reasons, and the request's
-    `num_cached_tokens`, 0 when None).
-    """
-    # >>> solution
-    sample, kept = seq.sample, 0
-    for token in tokens.token_ids:
-        sample.append(token, scheduler.rules)
-        kept += 1
-        if sample.finished:
-            scheduler.finish(seq)
-            break
-    scheduler.stats.num_generation_tokens += kept
-    return NewTokens(
-        request_id=seq.request_id,
-        index=sample.index,
-        token_ids=tokens.token_ids[:kept],
-        logprobs=tokens.logprobs[:kept],
-        finish_reason=sample.finish_reason,
-        stop_reason=sample.stop_reason,
-        num_cached_tokens=seq.request.num_cached_tokens or 0,
-    )
     # <<< solution
 
 

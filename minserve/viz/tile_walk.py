@@ -1,8 +1,7 @@
 """Chapter 02's picture of a kernel's tile walk: which slots of the paged K cache it read,
 load by load, recorded while Triton's interpreter runs it.
 
-In the interpreter every `tl.load` goes through one builder method with the addresses it
-reads and its mask. `record_tile_walk` wraps that method for one launch and keeps the loads
+`record_tile_walk` records one launch's loads (`kernel_access.accesses_recorded`) and keeps those
 that fall inside the K cache, as (block, offset) slots; `plot_tile_walk` draws the pool,
 each slot coloured by the load (or the split) that read it, and `tile_walk_widget` steps
 through the loads with a slider. So the picture shows what the kernel did, not what it
@@ -11,8 +10,7 @@ should do: a kernel that reads past a context shows the extra slots.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from minserve.attention.triton_env import interpreting
+from minserve.viz.kernel_access import accesses_recorded
 
 
 @dataclass(frozen=True)
@@ -45,26 +44,6 @@ class TileWalk:
         return {slot for load in self.loads for slot in load.slots}
 
 
-@contextmanager
-def _loads_recorded() -> Iterator[list[tuple[tuple[int, int, int], np.ndarray]]]:
-    """Record (program, addresses read) for every load the interpreter runs meanwhile."""
-    from triton.runtime import interpreter  # the interpreter's module, only where it runs
-
-    builder = interpreter.interpreter_builder
-    original = builder.create_masked_load
-    seen: list[tuple[tuple[int, int, int], np.ndarray]] = []
-
-    def load(ptrs, mask, *rest):
-        seen.append((builder.grid_idx, ptrs.data[mask.data].ravel().astype(np.int64)))
-        return original(ptrs, mask, *rest)
-
-    builder.create_masked_load = load  # this instance only; removed below
-    try:
-        yield seen
-    finally:
-        del builder.create_masked_load
-
-
 def record_tile_walk(launch: Callable[[], object], k_cache: torch.Tensor) -> TileWalk:
     """Run `launch()` (a kernel launch, in the interpreter) and record its reads of `k_cache`
     [num_blocks, block_size, Hkv, D] (contiguous)."""
@@ -72,15 +51,16 @@ def record_tile_walk(launch: Callable[[], object], k_cache: torch.Tensor) -> Til
         raise ValueError("recording reads needs the interpreter and a contiguous K cache")
     num_blocks, block_size = k_cache.shape[:2]
     base, row = k_cache.data_ptr(), k_cache[0, 0].nbytes  # bytes per (block, offset) slot
-    with _loads_recorded() as seen:
+    with accesses_recorded() as seen:
         launch()
     loads = []
-    for program, addresses in seen:
+    for access in (a for a in seen if a.kind == "load"):
+        addresses = access.addresses
         inside = addresses[(addresses >= base) & (addresses < base + k_cache.nbytes)]
         slot_index = (inside - base) // row  # [reads]: block * block_size + offset
         ordered = dict.fromkeys(divmod(int(s), block_size) for s in slot_index)
         if ordered:
-            loads.append(TileLoad(program, tuple(ordered)))
+            loads.append(TileLoad(access.program, tuple(ordered)))
     return TileWalk(num_blocks, block_size, tuple(loads))
 
 
