@@ -42,6 +42,7 @@ from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_args import EngineArgs
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
+from minserve.kvcache.block_key import UNSHARED_ROOT, KVFingerprint, weights_digest
 from minserve.kvcache.host_tier import host_tier_for
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
 from minserve.kvcache.manager import KVCacheManager
@@ -226,13 +227,32 @@ class LLMEngine:
             else None
         )
         prefix_cache = host_tier = None
+        root = UNSHARED_ROOT
         if cache_config.enable_prefix_caching:
             prefix_cache = plugins.prefix_cache_cls(pool.block_size, allocator)
             if cache_config.kv_offloading_size > 0:
                 costs = self.worker.measure_tier_costs()
                 host_tier = host_tier_for(cache_config, pool.block_size, pool.block_nbytes, costs)
+                root = self.kv_fingerprint(pool).root()
         return KVCacheManager(
-            allocator, pool.block_size, swap, prefix_cache, host_tier, plugins.block_table_cls
+            allocator, pool.block_size, swap, prefix_cache, host_tier, plugins.block_table_cls,
+            root,
+        )  # fmt: skip
+
+    def kv_fingerprint(self, pool: PagedKVPool) -> KVFingerprint:
+        """What makes this engine's KV blocks the bytes they are (`kvcache/block_key.py`)."""
+        config, execution = self.loaded.config, self.execution
+        return KVFingerprint(
+            weights=weights_digest(self.loaded.path),
+            dtype=str(execution.dtype).removeprefix("torch."),
+            kv_format=pool.format.name,
+            quantization=execution.quantization,
+            compute=f"{execution.device.type}:{execution.ops}",
+            block_size=pool.block_size,
+            num_layers=config.num_layers,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            tp_size=self.args.tensor_parallel_size,
         )
 
     # --- requests in and out ---

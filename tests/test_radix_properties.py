@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minserve.kvcache import BlockAllocator, BlockTable, PagedKVPool
+from minserve.kvcache.block_key import UNSHARED_ROOT, block_keys
 from minserve.kvcache.block_ops import apply_block_ops
 from minserve.kvcache.host_store import HostBlockStore
 from minserve.kvcache.host_tier import HostPrefixTier, TierCosts
@@ -88,6 +89,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.kv = KVCacheManager(allocator, BS, prefix_cache=self.cache, host_tier=host)
         self.swap_store, self.tier_store = HostBlockStore(), HostBlockStore()
         self.tables: list[tuple[BlockTable, list[int]]] = []  # running requests, their tokens
+        self.prefix_of: dict[bytes, tuple[int, ...]] = {}  # a block's key -> the prefix it ends
 
     def _copy(self) -> None:
         """Carry out the block copies the manager decided (as the worker does)."""
@@ -116,6 +118,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert others == 0, "wrote into a block another table holds"
             self.pool.kv[0, 0, block, offset, 0, 0] = kv_value(ids[: p + 1])
         self.kv.cache_computed(table, ids, table.num_tokens)
+        for i, key in enumerate(block_keys(UNSHARED_ROOT, ids[: table.num_tokens], BS)):
+            self.prefix_of[key] = tuple(ids[: (i + 1) * BS])
         return True
 
     @rule(prompt=tokens)
@@ -211,7 +215,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def host_copies_hold_their_prefix(self) -> None:
         host = self.kv.prefix.host
-        for prefix, slot in host._slots.items() if host else ():
+        for key, slot in host._slots.items() if host else ():
+            prefix = self.prefix_of[key]
             data = self.tier_store.get(slot)  # [1, 2, 1, BS, 1, D]
             for offset in range(BS):
                 end = len(prefix) - BS + offset + 1

@@ -9,8 +9,9 @@ costs `block_nbytes / copy bandwidth` to copy back and `block_size / prefill spe
 recompute (`TierCosts.copy_back_wins`). On a CPU-only machine both pools live in RAM,
 so copying always wins; on a GPU, PCIe against the GPU's prefill speed decides.
 
-Blocks are keyed by the whole prefix they complete (every token up to the block's end),
-because a block's keys and values depend on all the tokens before it.
+Blocks are keyed by their content address (`block_key.py`): a chained digest of every
+token up to the block's end and of the model's fingerprint, because a block's keys and
+values depend on all the tokens before it.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from minserve.config import CacheConfig
+from minserve.kvcache.block_key import BlockKey
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.swap import GIB
 from minserve.messages import Demote, Promote
-
-Prefix = tuple[int, ...]  # the tokens of a block and of everything before it
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class TierCosts:
 class HostPrefixTier:
     """A bounded LRU account of evicted prefix blocks kept in host memory, with byte counters.
 
-    The scheduler's side: which prefixes have a host copy and in which host slot. Each
+    The scheduler's side: which blocks (by key) have a host copy and in which host slot. Each
     demotion or promotion is a block operation for the worker, which holds the copies.
     """
 
@@ -74,25 +74,25 @@ class HostPrefixTier:
         self.bytes_demoted = 0  # device -> host
         self.bytes_promoted = 0  # host -> device
         self.num_dropped = 0  # blocks that fell off the end of the host tier
-        self._slots: OrderedDict[Prefix, int] = OrderedDict()  # LRU first
+        self._slots: OrderedDict[BlockKey, int] = OrderedDict()  # LRU first
         self._free_slots = list(range(capacity_blocks - 1, -1, -1))
 
     def __len__(self) -> int:
         return len(self._slots)
 
-    def __contains__(self, prefix: Prefix) -> bool:
-        return prefix in self._slots
+    def __contains__(self, key: BlockKey) -> bool:
+        return key in self._slots
 
-    def demote(self, prefix: Prefix, block: int) -> Demote:
-        """Device block `block` (holding the KV of `prefix`'s last block) goes to the host."""
-        if prefix in self._slots:  # an older copy of the same prefix: replace it
-            self._free_slots.append(self._slots.pop(prefix))
+    def demote(self, key: BlockKey, block: int) -> Demote:
+        """Device block `block` (the block keyed `key`) goes to the host."""
+        if key in self._slots:  # an older copy of the same block: replace it
+            self._free_slots.append(self._slots.pop(key))
         if not self._free_slots:
             _, slot = self._slots.popitem(last=False)
             self._free_slots.append(slot)
             self.num_dropped += 1
         slot = self._free_slots.pop()
-        self._slots[prefix] = slot
+        self._slots[key] = slot
         self.bytes_demoted += self.block_nbytes
         return Demote(block, slot)
 
@@ -100,9 +100,10 @@ class HostPrefixTier:
         """The rule: bring a block back only if copying it beats recomputing it."""
         return self.costs.copy_back_wins(self.block_nbytes, self.block_size)
 
-    def promote(self, prefix: Prefix, block: int) -> Promote:
-        """`prefix`'s block comes back into device block `block`; the host copy is dropped."""
-        slot = self._slots.pop(prefix)
+    def promote(self, key: BlockKey, block: int) -> Promote:
+        """The block keyed `key` comes back into device block `block`; the host copy is
+        dropped."""
+        slot = self._slots.pop(key)
         self._free_slots.append(slot)
         self.bytes_promoted += self.block_nbytes
         return Promote(slot, block)

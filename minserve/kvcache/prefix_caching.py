@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_key import UNSHARED_ROOT, BlockKey, block_keys
 from minserve.kvcache.block_table import BlockTable
-from minserve.kvcache.host_tier import HostPrefixTier, Prefix
+from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.radix_cache import PrefixMatch, RadixCache, RadixNode
 from minserve.messages import BlockOp
 
@@ -52,12 +53,14 @@ class PrefixCaching:
         allocator: BlockAllocator,
         host: HostPrefixTier | None = None,
         ops: list[BlockOp] | None = None,
+        root: BlockKey = UNSHARED_ROOT,
     ) -> None:
         self.cache = cache
         self.allocator = allocator
         self.host = host
         self.ops = ops if ops is not None else []  # host-tier copies for the worker, in order
-        self._prefix_of: dict[int, Prefix] = {}  # cached block -> its prefix (host tier only)
+        self.root = root  # the chain's start: the KV fingerprint's root (`block_key.py`)
+        self._key_of: dict[int, BlockKey] = {}  # cached block -> its key (host tier only)
         self.block_size = cache.block_size
         self.stats = PrefixCacheStats()
         self._held: dict[BlockTable, _HeldPrefix] = {}  # tables using cached blocks
@@ -152,21 +155,19 @@ class PrefixCaching:
     # --- the host tier ---
 
     def _remember_prefixes(self, tokens: list[int], blocks: list[int]) -> None:
-        """Note which prefix each cached block completes, to demote it by that key later."""
-        if self.host is None:
-            return
-        for j, block in enumerate(blocks):
-            end = (j + 1) * self.block_size
-            if len(self._prefix_of.get(block, ())) != end:  # new, or reused elsewhere
-                self._prefix_of[block] = tuple(tokens[:end])
+        """Note each cached block's key, to demote it under that key later."""
+        if self.host is None or all(b in self._key_of for b in blocks):
+            return  # a block freed and reused for another prefix left _key_of on eviction
+        keys = block_keys(self.root, tokens[: len(blocks) * self.block_size], self.block_size)
+        self._key_of.update(zip(blocks, keys, strict=True))
 
     def _demote_evicted(self) -> None:
         """Blocks just evicted are free but still hold their KV: copy them to the host."""
         if self.host is None:
             return
-        evicted = [b for b in self._prefix_of if self.allocator.refcount(b) == 0]
+        evicted = [b for b in self._key_of if self.allocator.refcount(b) == 0]
         for block in evicted:
-            self.ops.append(self.host.demote(self._prefix_of.pop(block), block))
+            self.ops.append(self.host.demote(self._key_of.pop(block), block))
 
     def _promote(self, token_ids: list[int], match: PrefixMatch) -> PrefixMatch:
         """Extend a device match with the blocks that follow it on the host, copied back
@@ -174,16 +175,16 @@ class PrefixCaching:
         assert self.host is not None
         self._timed(self.cache.lock, match.node)  # making room must not evict the match
         promoted: list[int] = []
+        keys = block_keys(self.root, token_ids, self.block_size)[match.num_blocks :]
         end = (match.num_blocks + 1) * self.block_size
-        while end <= len(token_ids) and self.host.worth_promoting():
-            prefix = tuple(token_ids[:end])
-            if prefix not in self.host:
+        for key in keys:
+            if not self.host.worth_promoting() or key not in self.host:
                 break
             self.make_room(1)  # may demote others, and push this one off the host tier
-            if prefix not in self.host or not self.allocator.can_allocate(1):
+            if key not in self.host or not self.allocator.can_allocate(1):
                 break
             promoted.append(self.allocator.allocate())
-            self.ops.append(self.host.promote(prefix, promoted[-1]))
+            self.ops.append(self.host.promote(key, promoted[-1]))
             end += self.block_size
         self._timed(self.cache.unlock, match.node)
         if not promoted:
