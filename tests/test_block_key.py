@@ -101,3 +101,20 @@ def test_an_engines_fingerprint_names_its_model_and_pool() -> None:
     assert engine.kv.prefix.root == fingerprint.root()  # the host tier's keys chain from it
     again = LLM(llm.loaded, num_blocks=32, block_size=8).engine
     assert again.kv_fingerprint(again.worker.pool).root() != fingerprint.root()
+
+
+def test_the_routers_prefix_hashes_are_the_same_in_another_process() -> None:
+    """The router's guess of a replica's cache (router/prefix_index.py) chains the same keys."""
+    from minserve.router.prefix_index import chunk_hashes
+
+    code = (
+        "from minserve.router.prefix_index import chunk_hashes\n"
+        "print(','.join(h.hex() for h in chunk_hashes('The capital of France is', 4)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "7"},
+    )  # fmt: skip
+    here = chunk_hashes("The capital of France is", 4)
+    assert len(here) == 6 and out.stdout.strip() == ",".join(h.hex() for h in here)
+    assert chunk_hashes("The capital of Spain", 4)[:3] == here[:3] != chunk_hashes("Tha", 1)

@@ -19,6 +19,8 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from minserve.kvcache.block_key import UNSHARED_ROOT, BlockKey, block_keys
+
 Key = str | tuple[int, ...]  # a prompt as text (characters) or as token ids
 
 
@@ -55,13 +57,12 @@ def _message_text(message: object) -> str:
     return f"\x1e{message.get('role')}\x1f{content}"
 
 
-def chunk_hashes(key: Key, chunk_size: int) -> list[int]:
-    """One hash per full chunk; each covers the whole prefix up to the end of its chunk."""
-    hashes, parent = [], 0
-    for start in range(0, len(key) - chunk_size + 1, chunk_size):
-        parent = hash((parent, key[start : start + chunk_size]))
-        hashes.append(parent)
-    return hashes
+def chunk_hashes(key: Key, chunk_size: int) -> list[BlockKey]:
+    """One hash per full chunk; each covers the whole prefix up to the end of its chunk.
+    Chained with `block_key.next_key` (text as its characters' code points), so the same
+    prompt hashes the same in every process and after a restart."""
+    units = [ord(c) for c in key] if isinstance(key, str) else list(key)
+    return block_keys(UNSHARED_ROOT, units, chunk_size)
 
 
 class PrefixIndex:
@@ -71,7 +72,7 @@ class PrefixIndex:
         if chunk_size < 1 or capacity < 1:
             raise ValueError(f"chunk_size and capacity must be >= 1, got {chunk_size}, {capacity}")
         self.chunk_size, self.capacity = chunk_size, capacity
-        self._held: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_replicas)]
+        self._held: list[OrderedDict[BlockKey, None]] = [OrderedDict() for _ in range(num_replicas)]
 
     def match(self, key: Key) -> list[int]:
         """For each replica, how many leading units of `key` it is expected to hold."""
@@ -94,7 +95,7 @@ class PrefixIndex:
         return len(self._held[replica])
 
     @staticmethod
-    def _run(held: OrderedDict[int, None], hashes: Sequence[int]) -> int:
+    def _run(held: OrderedDict[BlockKey, None], hashes: Sequence[BlockKey]) -> int:
         count = 0
         for h in hashes:
             if h not in held:
