@@ -1,0 +1,95 @@
+"""The router's exact index of the replicas' KV blocks, kept from their KV events.
+
+Where `prefix_index.PrefixIndex` guesses a replica's cache from the prompts the router sent,
+this index holds what each replica said it stores, per medium (device, host, disk), from
+its numbered event batches (`kvcache/kv_events.py`). A batch applies only in order: one
+that skips a number leaves the replica marked `behind` with the first missing number, and
+the router asks the replica's log for the batches since then (`EventLog.since`); until
+they arrive, the index keeps what it had and says so. A replica whose log no longer holds
+the missing batches sends a snapshot instead (`EventLog.snapshot`): the index drops what
+it had for that replica and takes the snapshot's state and number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from minserve.kvcache.block_key import BlockKey
+from minserve.kvcache.kv_events import (
+    MEDIA,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+)
+
+
+@dataclass
+class ReplicaBlocks:
+    """One replica's blocks by medium, and the next batch number the index expects."""
+
+    held: dict[str, set[BlockKey]] = field(default_factory=lambda: {m: set() for m in MEDIA})
+    next_seq: int = 0
+    behind: int | None = None  # the first batch number missed, until it is replayed
+
+
+class ExactIndex:
+    """Per replica, per medium: the block keys it holds, exactly as its events said."""
+
+    def __init__(self, replicas: Sequence[str]) -> None:
+        self.replicas = {name: ReplicaBlocks() for name in replicas}
+
+    def apply(self, batch: EventBatch) -> bool:
+        """Apply one batch in order; False (and the replica marked behind) on a gap. A batch
+        already applied (a replay overlapping what arrived) is skipped."""
+        replica = self.replicas[batch.instance]
+        if batch.seq < replica.next_seq:
+            return True
+        if batch.seq > replica.next_seq:
+            if replica.behind is None:
+                replica.behind = replica.next_seq
+            return False
+        for event in batch.events:
+            _apply_event(replica.held, event)
+        replica.next_seq = batch.seq + 1
+        replica.behind = None
+        return True
+
+    def replay(self, instance: str, batches: Iterable[EventBatch]) -> None:
+        """Catch up a replica with the batches since its gap (`EventLog.since`)."""
+        for batch in batches:
+            self.apply(batch)
+
+    def resync(self, snapshot: EventBatch) -> None:
+        """Start a replica over from its snapshot (its log lost the batches it missed)."""
+        fresh = ReplicaBlocks(next_seq=snapshot.seq)
+        self.replicas[snapshot.instance] = fresh
+        self.apply(snapshot)
+
+    def match(self, keys: Sequence[BlockKey]) -> dict[str, dict[str, int]]:
+        """For each replica and medium, how many leading blocks of a prompt's `keys` it holds
+        there (a prefix counts only while every block before it is held in that medium or
+        a faster one: device, then host, then disk)."""
+        result = {}
+        for name, replica in self.replicas.items():
+            counts, reach = {}, 0
+            for medium in MEDIA:  # fastest first; a slower medium extends the faster ones
+                while reach < len(keys) and keys[reach] in replica.held[medium]:
+                    reach += 1
+                counts[medium] = reach
+            result[name] = counts
+        return result
+
+    def blocks(self, instance: str, medium: str) -> set[BlockKey]:
+        """A copy of what the index holds for one replica and medium."""
+        return set(self.replicas[instance].held[medium])
+
+
+def _apply_event(held: dict[str, set[BlockKey]], event: object) -> None:
+    if isinstance(event, BlockStored):
+        held[event.medium].update(event.keys)
+    elif isinstance(event, BlockRemoved):
+        held[event.medium].difference_update(event.keys)
+    elif isinstance(event, AllBlocksCleared):
+        held[event.medium].clear()
