@@ -53,11 +53,11 @@ def outside_lanes(launch: Callable[[], object], allowed: list[torch.Tensor]) -> 
 
     with accesses_recorded() as seen:
         launch()
-    inside = torch.cat([_addresses(t) for t in allowed]).numpy()
+    inside = set(torch.cat([_addresses(t) for t in allowed]).tolist())
     two_d = any(access.program[1] for access in seen)
     problems = []
     for access in seen:
-        stray = sorted(set(access.addresses.tolist()) - set(inside.tolist()))
+        stray = sorted(set(access.addresses.tolist()) - inside)
         if stray:
             program = access.program[:2] if two_d else access.program[0]
             problems.append(

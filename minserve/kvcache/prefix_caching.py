@@ -156,10 +156,17 @@ class PrefixCaching:
 
     def _remember_prefixes(self, tokens: list[int], blocks: list[int]) -> None:
         """Note each cached block's key, to demote it under that key later."""
-        if self.host is None or all(b in self._key_of for b in blocks):
-            return  # a block freed and reused for another prefix left _key_of on eviction
-        keys = block_keys(self.root, tokens[: len(blocks) * self.block_size], self.block_size)
-        self._key_of.update(zip(blocks, keys, strict=True))
+        if self.host is None:
+            return
+        # a block freed and reused for another prefix left _key_of on eviction, so the
+        # blocks already keyed lead the chain: hash on from the first one that is not
+        first = next((i for i, b in enumerate(blocks) if b not in self._key_of), len(blocks))
+        if first == len(blocks):
+            return
+        parent = self._key_of[blocks[first - 1]] if first else self.root
+        size = self.block_size
+        keys = block_keys(parent, tokens[first * size : len(blocks) * size], size)
+        self._key_of.update(zip(blocks[first:], keys, strict=True))
 
     def _demote_evicted(self) -> None:
         """Blocks just evicted are free but still hold their KV: copy them to the host."""
