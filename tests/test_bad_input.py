@@ -56,10 +56,12 @@ def test_missing_weights_file_is_reported(tiny_model, tmp_path: Path) -> None:
         load_model(folder)
 
 
-def test_truncated_gguf_is_reported(smollm_gguf: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cut", ["in the metadata", "in the last tensor"])
+def test_truncated_gguf_is_reported(smollm_gguf: Path, tmp_path: Path, cut: str) -> None:
     broken = tmp_path / "broken.gguf"
+    size = 1_000_000 if cut == "in the metadata" else smollm_gguf.stat().st_size - 1000
     with smollm_gguf.open("rb") as f:
-        broken.write_bytes(f.read(1_000_000))
+        broken.write_bytes(f.read(size))
     with pytest.raises(ModelLoadError, match="corrupt or truncated"):
         load_model(broken)
 

@@ -23,13 +23,17 @@ ERROR_BOUND = {Q.F32: 0.0, Q.F16: 1e-3, Q.Q8_0: 1 / 127, Q.Q4_0: 1 / 7, Q.Q4_1: 
 
 
 @pytest.fixture(scope="module")
-def gguf_files(tiny_model, smollm_gguf: Path, tmp_path_factory) -> dict[Q, Path]:
+def gguf_files(tiny_model, tmp_path_factory) -> dict[Q, Path]:
+    """The tiny model in each tensor type, weights only (no tokenizer: quicker to read)."""
     folder = tmp_path_factory.mktemp("gguf")
     source = tiny_model("llama")
-    return {
-        q: write_llama_gguf(source, folder / f"tiny-{q.name}.gguf", q, smollm_gguf)
-        for q in ERROR_BOUND
-    }
+    return {q: write_llama_gguf(source, folder / f"{q.name}.gguf", q, None) for q in ERROR_BOUND}
+
+
+@pytest.fixture(scope="module")
+def q4_1_with_tokenizer(tiny_model, smollm_gguf: Path, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("gguf_tokenizer")
+    return write_llama_gguf(tiny_model("llama"), folder / "tiny-Q4_1.gguf", Q.Q4_1, smollm_gguf)
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -59,10 +63,10 @@ def test_weights_equal_transformers_gguf_loader(qtype: Q, gguf_files) -> None:
         torch.testing.assert_close(w, expected[name], atol=0, rtol=0, msg=name)
 
 
-def test_quantized_model_greedy_matches_transformers(gguf_files) -> None:
+def test_quantized_model_greedy_matches_transformers(q4_1_with_tokenizer: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = gguf_files[Q.Q4_1]
+    path = q4_1_with_tokenizer
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     ids = tok("Hello there, general", return_tensors="pt").input_ids

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from minserve.errors import ModelLoadError
+from minserve.model.gguf_file import GGUFFile, GGUFTensor, read_gguf_file
 from minserve.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 
 # GGUF tensor-name stem -> Hugging Face name, per layer ("blk.N.<stem>") or global.
@@ -42,22 +43,23 @@ _GLOBAL_NAMES = {
 CPU = torch.device("cpu")
 
 
-def open_gguf(path: Path) -> GGUFReader:
+def open_gguf(path: Path) -> GGUFFile:
     """Open a GGUF file, turning a corrupt or truncated file into a clear error."""
     try:
-        return GGUFReader(path)
+        return read_gguf_file(path)
     except (ValueError, IndexError, OSError, KeyError) as e:
+        if isinstance(e, ModelLoadError):
+            raise
         raise ModelLoadError(
             f"{path} is not a readable GGUF file (corrupt or truncated?): {e}"
         ) from e
 
 
-def field_value(reader: GGUFReader, key: str, default: object = None) -> object:
-    field = reader.get_field(key)
-    return default if field is None else field.contents()
+def field_value(reader: GGUFFile, key: str, default: object = None) -> object:
+    return reader.field(key, default)
 
 
-def config_from_gguf(reader: GGUFReader) -> ModelConfig:
+def config_from_gguf(reader: GGUFFile) -> ModelConfig:
     """Translate GGUF metadata ("<arch>.block_count", ...) into a ModelConfig."""
     arch = field_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -116,7 +118,7 @@ def hf_name(gguf_name: str) -> str:
     raise ModelLoadError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
-def tensor_to_numpy(tensor: ReaderTensor) -> np.ndarray:
+def tensor_to_numpy(tensor: GGUFTensor) -> np.ndarray:
     """Dequantize one GGUF tensor to fp32, shaped as PyTorch expects ([out, in] for weights)."""
     qtype = GGMLQuantizationType(tensor.tensor_type)
     try:
@@ -134,13 +136,13 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def weights_from_gguf(reader: GGUFReader, config: ModelConfig) -> dict[str, torch.Tensor]:
+def weights_from_gguf(reader: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
     """All tensors of the file, dequantized and renamed to Hugging Face names."""
     return {hf_name(t.name): read_gguf_tensor(t, config) for t in reader.tensors}
 
 
 def quantized_blocks(
-    reader: GGUFReader,
+    reader: GGUFFile,
     config: ModelConfig,
     quants: tuple[str, ...],
     device: torch.device = CPU,
@@ -169,6 +171,6 @@ def _hf_rows(rows: np.ndarray, name: str, config: ModelConfig) -> np.ndarray:
     return rows
 
 
-def read_gguf_tensor(tensor: ReaderTensor, config: ModelConfig) -> torch.Tensor:
+def read_gguf_tensor(tensor: GGUFTensor, config: ModelConfig) -> torch.Tensor:
     """One tensor of the file, dequantized, with llama's q/k rows back in HF's layout."""
     return torch.from_numpy(_hf_rows(tensor_to_numpy(tensor), tensor.name, config))

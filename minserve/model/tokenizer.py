@@ -9,8 +9,6 @@ text before BPE the way llama.cpp does for the file's `tokenizer.ggml.pre`.
 from __future__ import annotations
 
 import json
-import mmap
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,78 +18,15 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from gguf import GGUFValueType, Keys, TokenType
+from gguf import Keys, TokenType
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
 from minserve.errors import ModelLoadError
+from minserve.model.gguf_file import read_gguf_metadata
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
-
-# ---------------------------------------------------------------- GGUF metadata
-
-_SCALAR_FORMATS = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q", GGUFValueType.FLOAT32: "f",
-    GGUFValueType.FLOAT64: "d", GGUFValueType.BOOL: "?",
-}  # fmt: skip
-
-
-class _GGUFCursor:
-    """Walks the little-endian key/value section that follows a GGUF header."""
-
-    def __init__(self, buf: mmap.mmap, pos: int) -> None:
-        self.buf, self.pos = buf, pos
-
-    def unpack(self, fmt: str) -> tuple[Any, ...]:
-        values = struct.unpack_from("<" + fmt, self.buf, self.pos)
-        self.pos += struct.calcsize("<" + fmt)
-        return values
-
-    def string(self) -> str:
-        (length,) = self.unpack("Q")
-        raw = self.buf[self.pos : self.pos + length]
-        if len(raw) != length:
-            raise struct.error(f"a {length}-byte string runs past the end of the file")
-        self.pos += length
-        return raw.decode("utf-8")
-
-    def value(self, value_type: int) -> Any:
-        if value_type == GGUFValueType.STRING:
-            return self.string()
-        if value_type == GGUFValueType.ARRAY:
-            item_type, count = self.unpack("IQ")
-            if item_type in _SCALAR_FORMATS:
-                return list(self.unpack(f"{count}{_SCALAR_FORMATS[item_type]}"))
-            return [self.value(item_type) for _ in range(count)]
-        return self.unpack(_SCALAR_FORMATS[value_type])[0]
-
-
-def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
-    """A GGUF file's key/value metadata, tensors untouched.
-
-    `gguf.GGUFReader` also indexes every tensor and wraps each string in numpy views (about 2 s
-    for a 49k-token vocabulary); walking the key/value section directly takes a tenth of that.
-    """
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ModelLoadError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            cursor = _GGUFCursor(buf, 4)
-            try:
-                version, _num_tensors, num_keys = cursor.unpack("IQQ")
-                if version < 2:
-                    raise ModelLoadError(f"{path} is GGUF v{version}; minserve reads v2 and later")
-                return {
-                    cursor.string(): cursor.value(cursor.unpack("I")[0]) for _ in range(num_keys)
-                }
-            except (struct.error, UnicodeDecodeError, KeyError) as error:
-                raise ModelLoadError(
-                    f"{path} has corrupt or truncated metadata: {error!r}"
-                ) from error
-
 
 # ---------------------------------------------------------------- GGUF byte-level BPE
 
