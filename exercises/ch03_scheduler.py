@@ -1,8 +1,8 @@
 # Your workspace for chapter 03 (Continuous batching): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
-# Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`.
-# stub fingerprint: b73f2fe1502e (lets the generator tell your edits from a stale stub)
+# Generated from minserve/scheduler/scheduler.py, minserve/model/runner.py by `python -m minserve.course.generate`.
+# stub fingerprint: 89b38e35d220 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 3.1 appends a sequence's sampled tokens through the stop rules. 3.2: each step,
@@ -11,12 +11,17 @@ KV cache runs out of blocks; then waiting ones are admitted in policy order
 while the token budget, the seats and the blocks last. 3.3 moves every sequence
 on by what the step produced. Plug your class (it calls the module's 3.1 and
 3.3) into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.
+3.4 lays the step's chunks end to end as the model runner's one flat batch;
+plug it in with `LLM(plugins=CoursePlugins(flat_batch=flat_batch))`.
 """
 
 from __future__ import annotations  # 3.1 names 3.2's Scheduler
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
+import torch
+
+from minserve.attention.metadata import AttentionMetadata
 from minserve.config import SchedulerConfig
 from minserve.kvcache.manager import KVCacheManager
 from minserve.messages import (
@@ -28,6 +33,7 @@ from minserve.messages import (
     SchedulerOutput,
     SchedulerUpdate,
 )
+from minserve.model.runner import ModelInputs, ToDevice, slot_of
 from minserve.request import StopRules
 from minserve.scheduler.budget import prefill_chunk
 from minserve.scheduler.policy import get_policy
@@ -405,3 +411,29 @@ def advance_sequences(
     `NewTokens` of every member, in batch order.
     """
     raise NotImplementedError("Exercise 3.3: update_from_output(): move each sequence on by what the step produced")
+
+
+# Exercise 3.4: one step's flat batch (token ids, positions, slots, logits rows)
+def flat_batch(
+    chunks: Iterable[ScheduledChunk],
+    drafts: Mapping[int, Iterable[int]],
+    block_size: int,
+    to_device: ToDevice,
+) -> ModelInputs:
+    """Lay a step's chunks end to end, so that decodes and prefill chunks of any lengths
+    run as one forward over one flat batch of tokens (Orca's selective batching; vLLM's
+    flattened input): no padding, and each sequence's attention told apart by metadata.
+
+    Chunk `c` computes `c.token_ids` at positions `c.start`, `c.start + 1`, ..., then its
+    drafts (`drafts.get(c.seq_id, ())`, speculative decoding) at the positions after them.
+    Each of these tokens is written to the KV pool at its slot (`slot_of` through
+    `c.block_table`). Per chunk, `AttentionMetadata.build` takes its query length (the
+    tokens it computes), its context length (the tokens cached once the step ran, these
+    included), its block table (a list) and the slot mapping; pass it `to_device`.
+    Logits rows (`sample_indices`, flat token indices): a chunk with drafts gets one at
+    its token and one at each draft, another chunk that samples (`c.samples`) one at its
+    last token; after all of those, in batch order, each chunk's prompt-logprob rows: its
+    first `len(c.prompt_targets)` tokens. `input_ids`, `positions` and `sample_indices`
+    are int64 tensors; every tensor goes through `to_device`.
+    """
+    raise NotImplementedError("Exercise 3.4: one step's flat batch (token ids, positions, slots, logits rows)")

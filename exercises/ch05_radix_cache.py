@@ -1,26 +1,35 @@
 # Your workspace for chapter 05 (Sharing prefixes): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 05` from the repository root.
-# Generated from minserve/scheduler/cache_aware.py, minserve/kvcache/radix_cache.py by `python -m minserve.course.generate`.
-# stub fingerprint: 4cfbe4501bf9 (lets the generator tell your edits from a stale stub)
+# Generated from minserve/scheduler/cache_aware.py, minserve/kvcache/radix_cache.py, minserve/kvcache/host_tier.py by `python -m minserve.course.generate`.
+# stub fingerprint: 6a2b3f83c7a3 (lets the generator tell your edits from a stale stub)
 """Chapter 05, Sharing prefixes: the scheduling policy that serves cache hits
-first, and the radix tree of the prefix cache.
+first, the radix tree of the prefix cache, and its host tier.
 
 First `LongestPrefixMatch`, SGLang's longest-prefix-match policy: plug it in with
 `LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`. Then a
 radix tree over token ids at block granularity (SGLang's RadixAttention): you
 write `match_prefix`, `insert` and `evict`. Plug your class into the engine with
 `LLM(enable_prefix_caching=True,
-plugins=CoursePlugins(prefix_cache_cls=RadixCache))`.
+plugins=CoursePlugins(prefix_cache_cls=RadixCache))`. Last, `HostPrefixTier`:
+evicted blocks demoted to host memory under their content keys, promoted back
+when a match continues into them; plug it in with
+`LLM(enable_prefix_caching=True, kv_offloading_size=0.01,
+plugins=CoursePlugins(host_tier_cls=HostPrefixTier))`.
 """
 
 import heapq
 import itertools
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_key import UNSHARED_ROOT, BlockKey, block_keys
+from minserve.kvcache.host_tier import TierCosts
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import PrefixMatch, RadixNode
+from minserve.messages import BlockOp, Demote, Promote
 from minserve.scheduler.cache_aware import DEFAULT_MAX_WAIT_S
 from minserve.scheduler.sequence import SeqStatus, Sequence
 
@@ -194,3 +203,109 @@ class RadixCache:
 
     def _touch(self, node: RadixNode) -> None:
         node.last_access = next(self._clock)
+
+
+# Exercise 5.3: the host tier (demote on eviction, promote on a match)
+class HostPrefixTier:
+    """The prefix cache's second tier (SGLang's HiCache, vLLM's CPU offloading): cached
+    blocks evicted from the device pool wait in a bounded pool of host memory, keyed by
+    content, and come back when a later prompt continues into them.
+
+    `remember(tokens, blocks)` keys each block the radix tree caches; after an eviction,
+    `demote_evicted(allocator)` sends the keyed blocks nobody holds any more to the host
+    (`demote`: when the host is full, its least recently demoted copy is dropped); on a
+    match, `extend(...)` brings back the blocks that continue it from the host
+    (`promote`), while copying beats recomputing. Each move is a block operation
+    (`Demote`, `Promote`) for the worker, which holds the copies; this class keeps the
+    account: which key has a host copy, in which host slot. Plug yours into the engine
+    with `LLM(enable_prefix_caching=True, kv_offloading_size=...,
+    plugins=CoursePlugins(host_tier_cls=HostPrefixTier))`.
+    """
+
+    def __init__(
+        self,
+        capacity_blocks: int,
+        block_size: int,
+        block_nbytes: int,
+        costs: TierCosts,
+        root: BlockKey = UNSHARED_ROOT,  # the KV fingerprint's root: keys chain from it
+    ) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"a host tier needs room for at least 1 block, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self.block_size = block_size
+        self.block_nbytes = block_nbytes
+        self.costs = costs
+        self.root = root
+        self.bytes_demoted = 0  # device -> host
+        self.bytes_promoted = 0  # host -> device
+        self.num_dropped = 0  # blocks that fell off the end of the host tier
+        self._key_of: dict[int, BlockKey] = {}  # cached device block -> its key
+        self._slots: OrderedDict[BlockKey, int] = OrderedDict()  # host copies, LRU first
+        self._free_slots = list(range(capacity_blocks - 1, -1, -1))  # pop() gives slot 0 first
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, key: BlockKey) -> bool:
+        return key in self._slots
+
+    def worth_promoting(self) -> bool:
+        """The rule: bring a block back only if copying its `block_nbytes` bytes beats
+        recomputing its `block_size` tokens (`self.costs`, measured at start)."""
+        raise NotImplementedError("Exercise 5.3: the host tier (demote on eviction, promote on a match)")
+
+    def remember(self, tokens: list[int], blocks: list[int]) -> None:
+        """The radix tree caches `blocks`, the KV of `tokens` (whole blocks from the start of
+        a prompt): note each block's key in `self._key_of`, to demote it under that key.
+
+        Keys chain (`block_keys(parent, tokens, block_size)`, the first block's parent being
+        `self.root`): a block's KV depends on every token before it. The blocks already
+        keyed lead the list (a block loses its key when it is evicted, and is keyed again
+        once it caches something else); key only the rest, chaining on from the last key
+        known, so that caching a long prompt block by block hashes each block once.
+        """
+        raise NotImplementedError("Exercise 5.3: the host tier (demote on eviction, promote on a match)")
+
+    def demote_evicted(self, allocator: BlockAllocator) -> list[Demote]:
+        """The tree just evicted blocks: those keyed here that nobody holds any more
+        (`allocator.refcount(block) == 0`) are free, but still hold their KV until the
+        step's block operations run. Demote each (in the order they were keyed) and forget
+        its device key; return the operations."""
+        raise NotImplementedError("Exercise 5.3: the host tier (demote on eviction, promote on a match)")
+
+    def demote(self, key: BlockKey, block: int) -> Demote:
+        """Device block `block` (keyed `key`) gets a host slot: its own older copy's, else a
+        free one, else the least recently demoted copy's, which is dropped (`num_dropped`).
+        The newest copy goes to the end of `self._slots`; count the bytes."""
+        raise NotImplementedError("Exercise 5.3: the host tier (demote on eviction, promote on a match)")
+
+    def promote(self, key: BlockKey, block: int) -> Promote:
+        """The copy keyed `key` comes back into device block `block`: its host slot is
+        free again (the device holds the block now); count the bytes. A key with no host
+        copy is a `KeyError` that says so."""
+        raise NotImplementedError("Exercise 5.3: the host tier (demote on eviction, promote on a match)")
+
+    def extend(
+        self,
+        match: PrefixMatch,
+        token_ids: list[int],
+        cache: RadixCache,
+        allocator: BlockAllocator,
+        make_room: Callable[[int], None],
+        ops: list[BlockOp],
+    ) -> PrefixMatch:
+        """Extend the tree's `match` of `token_ids` (whole blocks) with the blocks that
+        follow it on the host, in order, while copying beats recomputing.
+
+        Keep `match.node` locked meanwhile (`cache.lock` / `cache.unlock`): making room
+        must not evict the match itself. For each next block's key, stop at the first that
+        is not worth promoting or not on the host; else `make_room(1)` (which may evict
+        and demote, appending to `ops`, and even push that very key off the host: look
+        again), take a fresh device block from `allocator` (stop if none), and append
+        `self.promote(key, block)` to `ops` after those demotions. Then insert the
+        extended prefix into `cache`, remember its blocks' keys, and let go of the
+        promoted blocks (the tree holds them). Returns the extended match (`match` itself
+        when nothing came back).
+        """
+        raise NotImplementedError("Exercise 5.3: the host tier (demote on eviction, promote on a match)")

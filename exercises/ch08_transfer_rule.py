@@ -1,10 +1,10 @@
 # Your workspace for chapter 08 (Disaggregating prefill and decode): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 08` from the repository root.
-# Generated from minserve/disagg/transfer_rule.py, minserve/disagg/hand_off.py by `python -m minserve.course.generate`.
-# stub fingerprint: ce110f5cb116 (lets the generator tell your edits from a stale stub)
-"""Chapter 08, Disaggregating prefill and decode: transfer or recompute, and the
-KV hand-off, both sides.
+# Generated from minserve/disagg/transfer_rule.py, minserve/disagg/hand_off.py, minserve/disagg/simulator.py by `python -m minserve.course.generate`.
+# stub fingerprint: 448b329792e2 (lets the generator tell your edits from a stale stub)
+"""Chapter 08, Disaggregating prefill and decode: transfer or recompute, the KV
+hand-off, both sides, and the capacity simulator's event loop.
 
 After a prefill, a request's KV cache either travels to the decode instance
 (latency + bytes / bandwidth) or the decode instance computes the prompt again
@@ -13,11 +13,16 @@ then `admit` (the decode instance takes an offered request, blocks first), then
 the hand-off's two sides: `send_prefilled` (offer, acks, blocks, free) and
 `receive_prefilled` (offers, admit, ack or refuse with a reason, blocks in).
 Plug them into the pair with `PrefillDecodePair(model, admit=admit,
-send=send_prefilled, receive=receive_prefilled)`.
+send=send_prefilled, receive=receive_prefilled)`. Last, the capacity
+simulator's event loop (`ClusterRun`: arrivals, steps, KV hand-offs); plug
+`simulate` into the planner with `search_shapes(..., simulator=simulate)`.
 """
 
+import heapq
+import itertools
 from dataclasses import dataclass
 
+from minserve.disagg.costs import StepCosts
 from minserve.disagg.engine_hooks import add_prefilled  # noqa: F401
 from minserve.disagg.hand_off import (  # noqa: F401  (your code will want them)
     Admit,
@@ -26,11 +31,19 @@ from minserve.disagg.hand_off import (  # noqa: F401  (your code will want them)
     refusal,
 )
 from minserve.disagg.kv_transfer import KVAck, KVOffer, KVTransfer
+from minserve.disagg.sim_instance import PlannedStep, SimInstance, SimState
+from minserve.disagg.simulator import (
+    ClusterShape,
+    RequestTimes,
+    SimConfig,
+    SimResult,
+)
 from minserve.disagg.transfer_rule import (
     POLICIES,
     TransferDecision,
     log,  # noqa: F401  (to log each decision)
 )
+from minserve.disagg.workload import SimRequest
 from minserve.engine import LLMEngine
 from minserve.scheduler.sequence import Sequence
 
@@ -110,3 +123,98 @@ def receive_prefilled(
     blocks), then raise `HandOffLostError(their ids, cause)`.
     """
     raise NotImplementedError("Exercise 8.4: the receiver's side of the KV hand-off")
+
+
+# Exercise 8.5: the cluster simulator's event loop
+def simulate(
+    workload: list[SimRequest], shape: ClusterShape, costs: StepCosts, config: SimConfig
+) -> SimResult:
+    """Replay `workload` on `shape`; `costs` are one instance's step times (at shape.tp)."""
+    if not workload:
+        raise ValueError("the workload has no requests")
+    run = ClusterRun(shape, costs, config)
+    if config.lockstep:
+        from minserve.disagg.sim_rounds import simulate_rounds
+
+        states = simulate_rounds(workload, run.front, run.decoders, costs, run.transfer_s)
+        return SimResult(tuple(_times(s) for s in states))
+    return run.replay(workload)
+
+
+class ClusterRun:
+    """One simulation's clock, event queue and instances (a discrete-event simulation).
+
+    `events` is a heap of (time, tie-break, kind, what): the next event is always the
+    earliest, and events at the same time come out in the order they were pushed (`_push`
+    numbers them). Three kinds: "arrive" (what: a `SimState`), "step_done" (what:
+    (instance, the `PlannedStep` it ran)) and "kv_landed" (what: (decode instance, state)).
+    `front` are the instances requests arrive at (colocated, or prefill); `decoders` the
+    decode instances (none when colocated). Each `SimInstance` plans its next step
+    (`plan()`: None when it has nothing to run), is told when a step ends
+    (`finish_step(step, now)`: the requests whose prefill completed in it), says how
+    loaded it is (`load`), and is `busy` while a step runs.
+    """
+
+    def __init__(self, shape: ClusterShape, costs: StepCosts, config: SimConfig) -> None:
+        self.costs, self.config = costs, config
+        self.events: list[tuple[float, int, str, object]] = []  # (time, tie-break, kind, what)
+        self.order = itertools.count()
+
+        def make(role: str, n: int) -> list[SimInstance]:
+            limits = (config.max_num_batched_tokens, config.max_num_seqs)
+            return [SimInstance(role, *limits) for _ in range(n)]
+
+        self.front = make("colocated", shape.num_colocated) or make("prefill", shape.num_prefill)
+        self.decoders = make("decode", shape.num_decode)
+
+    def replay(self, workload: list[SimRequest]) -> SimResult:
+        """Every request's times, in the order of `workload`.
+
+        One `SimState(spec, spec.prompt_len)` per request and an "arrive" event at its
+        arrival time; then pop events in time order until none is left. An arrival joins
+        the least-loaded front instance, landed KV its decode instance (both through
+        `_enqueue`, which starts the instance if it is idle); a finished step goes to
+        `_step_done`. The result: `SimResult` of `_times(state)` for each request."""
+        raise NotImplementedError("Exercise 8.5: the cluster simulator's event loop")
+
+    def _push(self, time: float, kind: str, what: object) -> None:
+        heapq.heappush(self.events, (time, next(self.order), kind, what))
+
+    def _enqueue(self, instance: SimInstance, state: SimState, now: float) -> None:
+        instance.waiting.append(state)
+        self._start(instance, now)
+
+    def _start(self, instance: SimInstance, now: float) -> None:
+        """An idle instance with work starts its next step: it is busy until a "step_done"
+        event, `costs.step_time(prefill tokens, decodes)` seconds from `now`. A busy
+        instance, or one whose `plan()` is None, does nothing."""
+        raise NotImplementedError("Exercise 8.5: the cluster simulator's event loop")
+
+    def _step_done(self, instance: SimInstance, step: PlannedStep, now: float) -> None:
+        """The instance's step ended at `now`: it is idle again; on a prefill instance each
+        request whose prefill completed and still has tokens to produce is handed off;
+        then the instance starts its next step, if it has one."""
+        raise NotImplementedError("Exercise 8.5: the cluster simulator's event loop")
+
+    def _hand_off(self, state: SimState, now: float) -> None:
+        """Send a finished prefill's KV to the decode instance least loaded now: it lands
+        there (a "kv_landed" event) `transfer_s(state)` seconds later."""
+        raise NotImplementedError("Exercise 8.5: the cluster simulator's event loop")
+
+    def transfer_s(self, state: SimState) -> float:
+        """Seconds to move one prompt's KV: `config.transfer_latency_s` + its bytes
+        (prompt tokens x `costs.kv_bytes_per_token`) / `config.transfer_bandwidth_bytes_s`."""
+        raise NotImplementedError("Exercise 8.5: the cluster simulator's event loop")
+
+
+def _times(state: SimState) -> RequestTimes:
+    """A finished request's times; an error names a request the simulation left unfinished."""
+    if state.first_token_s is None or state.finish_s is None:
+        raise RuntimeError(
+            f"the simulation ended with a request unfinished ({state.spec}: "
+            f"{state.prefill_left} prompt tokens left to prefill, {state.num_generated} of "
+            f"{state.spec.output_len} tokens produced): no event was left to run it"
+        )
+    return RequestTimes(
+        state.spec.arrival_s, state.first_token_s, state.finish_s, state.spec.output_len
+    )

@@ -1,8 +1,8 @@
 # Your workspace for chapter 12 (Structured output): this file is yours
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 12` from the repository root.
-# Generated from minserve/model/token_mask.py, minserve/structured/choice_dfa.py by `python -m minserve.course.generate`.
-# stub fingerprint: bfe407ac2bb0 (lets the generator tell your edits from a stale stub)
+# Generated from minserve/model/token_mask.py, minserve/structured/choice_dfa.py, minserve/structured/grammar_ends.py by `python -m minserve.course.generate`.
+# stub fingerprint: dd0aedb7b199 (lets the generator tell your edits from a stale stub)
 """Chapter 12, Structured output: token masks, and a `choice` constraint as a DFA
 over the model's tokens.
 
@@ -15,6 +15,10 @@ over them; 12.3 rolls a matcher back (speculative decoding); 12.4 finds the text
 the choices force next (jump-forward). Plug your matcher into the engine with
 `LLM(plugins=CoursePlugins(choice_matcher_cls=ChoiceMatcher))`: it then serves
 `StructuredOutputsParams(choice=[...])` instead of xgrammar.
+12.5 decides whether a grammar can end (its productive rules, by a fixpoint), on
+xgrammar's print of the compiled grammar; plug it in with
+`LLM(plugins=CoursePlugins(grammar_can_end=can_end))`: every grammar compiled
+is then refused, or not, by your test.
 """
 
 from __future__ import annotations  # ChoiceMatcher's methods name their class
@@ -29,6 +33,12 @@ from minserve.structured.choice_dfa import (  # noqa: F401  (your code wants the
     Vocabulary,
     pack_bitmask,
     whole_characters,
+)
+from minserve.structured.grammar_ends import (  # noqa: F401
+    Alternatives,
+    Item,
+    Token,
+    rule_tokens,
 )
 from minserve.structured.token_matcher import MatcherAfter
 
@@ -132,3 +142,34 @@ def forced_text(dfa: ChoiceDFA, state: int) -> bytes:
     """The longest text every continuation from `state` starts with: follow the states with
     exactly one edge that are not accepting (an accepting state may also stop there)."""
     raise NotImplementedError("Exercise 12.4: the text the choices force (jump-forward)")
+
+
+# Exercise 12.5: whether a grammar can end (its productive rules)
+def can_end(grammar_text: str, root: str = "root") -> bool:
+    """Whether `root` derives a finite text. Read each `name ::= body` line (lines without
+    "::=" are skipped) into its alternatives: `rule_tokens`, then `parse_alternatives` from
+    token 0, which must consume every token; then look for `root` among the
+    `productive_rules`. True when the text cannot be read here (a body whose tokens or
+    structure make no sense, or no rule named `root`): a grammar is refused only on proof
+    that it never ends."""
+    raise NotImplementedError("Exercise 12.5: whether a grammar can end (its productive rules)")
+
+
+def parse_alternatives(tokens: list[Token], i: int) -> tuple[Alternatives | None, int]:
+    """Parse `seq | seq | ...` from `tokens[i]` up to a ")" that closes it or the end:
+    (its alternatives, the index of that ")" or len(tokens)); (None, i) where a token makes
+    no sense (an op where an item should be, a "(" never closed). Each alternative is a
+    list of (item, may be absent) pairs. An item is a string or a character class
+    ("terminal", None), a rule's name ("rule", name), or a group "(" ... ")" ("group", its
+    alternatives, parsed by recursion), then at most one quantifier: after `*`, `?` or a
+    repeat "{0, n}" the item may be absent; after `+` or "{m, n}" with m > 0 it may not."""
+    raise NotImplementedError("Exercise 12.5: whether a grammar can end (its productive rules)")
+
+
+def productive_rules(rules: dict[str, Alternatives]) -> set[str]:
+    """The names of the rules that derive a finite text, by a fixpoint: a rule becomes
+    productive once one of its alternatives is a sequence whose every item may be absent
+    or ends (a terminal, a rule already productive, a group with such an alternative); go
+    over all the rules again until a pass adds none. A rule named but not defined is not
+    productive."""
+    raise NotImplementedError("Exercise 12.5: whether a grammar can end (its productive rules)")

@@ -42,7 +42,7 @@ from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_args import EngineArgs
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
-from minserve.kvcache.block_key import UNSHARED_ROOT, KVFingerprint, weights_digest
+from minserve.kvcache.block_key import KVFingerprint, weights_digest
 from minserve.kvcache.host_tier import host_tier_for
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
 from minserve.kvcache.manager import KVCacheManager
@@ -168,16 +168,17 @@ class LLMEngine:
         self.execution = replace(execution, attention=attention.name, ops=ops)
         backend = attention.backend
         kv_format = resolve_kv_format(self.execution.kv_cache_dtype, param.dtype, plugins.kv_codec)
-        num_blocks = PagedKVPool.num_blocks_for(cache_config, loaded.config, kv_format)
-        pool = PagedKVPool(
-            loaded.config, num_blocks, cache_config.block_size, kv_format, param.device
-        )
+        pool_cls = plugins.kv_pool_cls  # minserve's PagedKVPool, or chapter 01's
+        num_blocks = pool_cls.num_blocks_for(cache_config, loaded.config, kv_format)
+        pool = pool_cls(loaded.config, num_blocks, cache_config.block_size, kv_format, param.device)
         logger.info(
             "KV pool: %d blocks of %d tokens = %d tokens, %.2f GiB, stored as %s",
             num_blocks, pool.block_size, num_blocks * pool.block_size, pool.nbytes / GIB,
             kv_format.name,
         )  # fmt: skip
         runner = loaded.platform.runner(loaded.model, pool, backend)
+        if plugins.flat_batch is not None:  # chapter 03's layout of a step's batch
+            runner.use_flat_batch(plugins.flat_batch)
         self.worker = Worker(runner, plugins.sampler, args.speculative, peers)
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
@@ -227,17 +228,18 @@ class LLMEngine:
             else None
         )
         prefix_cache = host_tier = None
-        root = UNSHARED_ROOT
         if cache_config.enable_prefix_caching:
             prefix_cache = plugins.prefix_cache_cls(pool.block_size, allocator)
             if cache_config.kv_offloading_size > 0:
                 costs = self.worker.measure_tier_costs()
-                host_tier = host_tier_for(cache_config, pool.block_size, pool.block_nbytes, costs)
-                root = self.kv_fingerprint(pool).root()
+                root = self.kv_fingerprint(pool).root()  # the host tier's keys chain from it
+                host_tier = host_tier_for(
+                    cache_config, pool.block_size, pool.block_nbytes, costs, root,
+                    plugins.host_tier_cls,  # minserve's HostPrefixTier, or chapter 05's
+                )  # fmt: skip
         return KVCacheManager(
-            allocator, pool.block_size, swap, prefix_cache, host_tier, plugins.block_table_cls,
-            root,
-        )  # fmt: skip
+            allocator, pool.block_size, swap, prefix_cache, host_tier, plugins.block_table_cls
+        )
 
     def kv_fingerprint(self, pool: PagedKVPool) -> KVFingerprint:
         """What makes this engine's KV blocks the bytes they are (`kvcache/block_key.py`)."""
@@ -308,13 +310,18 @@ class LLMEngine:
         with self._grammars_lock:
             if self._grammars is None:
                 from minserve.structured.compiler import GrammarCompiler, tokenizer_info
+                from minserve.structured.crash_probe import CrashProbe
+                from minserve.structured.grammar_ends import can_end
 
                 info = tokenizer_info(
                     self.loaded.tokenizer, self.vocab_size, self.loaded.eos_token_ids
                 )
                 tokenizer = self.loaded.tokenizer
                 self._grammars = GrammarCompiler(
-                    info, lambda text: tokenizer.encode(text, add_special_tokens=False)
+                    info,
+                    lambda text: tokenizer.encode(text, add_special_tokens=False),
+                    can_end=self.plugins.grammar_can_end or can_end,  # chapter 12's or minserve's
+                    probe=CrashProbe(),
                 )
             return self._grammars
 

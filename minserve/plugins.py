@@ -19,16 +19,20 @@ from minserve.attention.contiguous import Attend
 from minserve.attention.triton_decode import DecodeKernels
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_table import BlockTable
+from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.kv_format import KVCodec, check_kv_codec
+from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.kvcache.radix_cache import RadixCache
 from minserve.kvcache.swap import HostSwapSpace
 from minserve.loader import LoadedModel
 from minserve.model.ops import ModelOps
 from minserve.model.quant_blocks import QuantCodec
 from minserve.model.quantized_linear import use_quant_codec
+from minserve.model.runner import FlatBatchFn
 from minserve.model.sampler import Sampler
 from minserve.output_processor import SampleOutput, check_stop_matcher_cls
 from minserve.scheduler.scheduler import Scheduler
+from minserve.scheduler.step_cost import StepCostModel
 from minserve.stop_strings import StopStringMatcher
 
 if TYPE_CHECKING:
@@ -42,36 +46,49 @@ class CoursePlugins:
     model_ops: `ModelOps.from_module(m)`: the layers' rms_norm, apply_rope and swiglu, and
     `attend` over each sequence's K/V (chapter 00); set on the loaded model, so an LLM
     sharing it shares them. sampler: draws each step's tokens (chapter 00).
-    block_allocator_cls, block_table_cls (chapter 01), scheduler_cls (chapter 03),
-    prefix_cache_cls (chapter 05, with enable_prefix_caching), sample_output_cls and
+    block_allocator_cls, block_table_cls, kv_pool_cls (chapter 01), scheduler_cls (chapter 03),
+    prefix_cache_cls and host_tier_cls (chapter 05, with enable_prefix_caching; the host tier
+    with kv_offloading_size > 0 too), sample_output_cls and
     stop_matcher_cls (chapter 09), swap_space_cls (chapter 04, with swap_space > 0): a class
-    of the same shape as minserve's. chunk_rule and preemption_rule: chapter 04's two
-    scheduling decisions, as `scheduler.budget.prefill_chunk` and
-    `scheduler.preemption.preemption_mode`. decode_kernels: chapter 02's Triton kernels
-    (with attention_backend="triton"). tensor_parallel_layers: the module, by name, whose
-    parallel layers every rank builds its shard with (chapter 07). quant_codec: chapter 10's
+    of the same shape as minserve's. flat_batch: how the model runner lays a step's chunks
+    out as one batch, a function of the shape of `model.runner.flat_batch` (chapter 03).
+    chunk_rule and preemption_rule: chapter 04's two scheduling decisions, as
+    `scheduler.budget.prefill_chunk` and `scheduler.preemption.preemption_mode`.
+    step_cost_model_cls: chapter 04's model of step time, of the shape of
+    `scheduler.step_cost.StepCostModel`, which the step-time scheduler fits and sizes prompt
+    chunks with (with target_tpot_ms or target_ttft_ms).
+    decode_kernels: chapter 02's Triton kernels (with attention_backend="triton").
+    tensor_parallel_layers: the module, by name, whose parallel layers every rank builds
+    its shard with (chapter 07). quant_codec: chapter 10's
     block dequantization (with quantization="gguf"); kv_codec: chapter 10's int8 KV
     arithmetic (with kv_cache_dtype="int8"). choice_matcher_cls: chapter 12's matcher of a
     `choice` constraint (`structured.choice_dfa.ChoiceMatcher`'s shape: `build(choices,
     vocab)` and the matcher protocol), used instead of xgrammar for `choice` requests.
+    grammar_can_end: chapter 12's test of whether a compiled grammar can end
+    (`structured.grammar_ends.can_end`'s shape: its print -> bool), run on every grammar.
     """
 
     model_ops: ModelOps | None = None
     sampler: Sampler | None = None
     block_allocator_cls: type = BlockAllocator
     block_table_cls: type = BlockTable
+    kv_pool_cls: type = PagedKVPool
     scheduler_cls: type = Scheduler
+    flat_batch: FlatBatchFn | None = None
     prefix_cache_cls: type = RadixCache
+    host_tier_cls: type = HostPrefixTier
     sample_output_cls: type = SampleOutput
     stop_matcher_cls: type = StopStringMatcher
     swap_space_cls: type = HostSwapSpace
     chunk_rule: Callable[[int, int, bool], int] | None = None
     preemption_rule: Callable[[int, int, int], str] | None = None
+    step_cost_model_cls: type = StepCostModel
     decode_kernels: DecodeKernels | None = None
     tensor_parallel_layers: str | None = None
     quant_codec: QuantCodec | None = None
     kv_codec: KVCodec | None = None
     choice_matcher_cls: type | None = None
+    grammar_can_end: Callable[[str], bool] | None = None
 
     def __post_init__(self) -> None:
         check_stop_matcher_cls(self.stop_matcher_cls)
@@ -83,9 +100,13 @@ class CoursePlugins:
 
     @property
     def scheduling_rules(self) -> dict[str, Callable[..., Any]]:
-        """The scheduler's decision functions that were given (the others stay minserve's)."""
+        """The scheduler's decision functions that were given (the others stay minserve's),
+        and the step-time model's class when it is not minserve's."""
         given = {"chunk_rule": self.chunk_rule, "preemption_rule": self.preemption_rule}
-        return {name: rule for name, rule in given.items() if rule is not None}
+        rules = {name: rule for name, rule in given.items() if rule is not None}
+        if self.step_cost_model_cls is not StepCostModel:
+            rules["step_cost_model_cls"] = self.step_cost_model_cls
+        return rules
 
     def changed(self) -> list[str]:
         """The names of the fields that differ from minserve's own."""
@@ -95,6 +116,7 @@ class CoursePlugins:
         """Refuse a plug-in the engine these options build would never call."""
         if args.tensor_parallel_size != 1:
             given = [n for n in ("model_ops", "quant_codec") if getattr(self, n) is not None]
+            given += ["kv_pool_cls"] if self.kv_pool_cls is not PagedKVPool else []
             if given:
                 raise ValueError(
                     f"{', '.join(given)} runs in one process; leave tensor_parallel_size at 1"
@@ -116,6 +138,20 @@ class CoursePlugins:
             )
         if self.prefix_cache_cls is not RadixCache and not args.enable_prefix_caching:
             raise ValueError("prefix_cache_cls is used only with enable_prefix_caching=True")
+        if self.host_tier_cls is not HostPrefixTier and not (
+            args.enable_prefix_caching and args.kv_offloading_size > 0
+        ):
+            raise ValueError(
+                "host_tier_cls is used only with enable_prefix_caching=True and "
+                "kv_offloading_size > 0 (GiB of host memory for evicted prefix blocks)"
+            )
+        if self.step_cost_model_cls is not StepCostModel and not (
+            args.target_tpot_ms or args.target_ttft_ms
+        ):
+            raise ValueError(
+                "step_cost_model_cls is fitted by the step-time scheduler: give target_tpot_ms "
+                "(or target_ttft_ms)"
+            )
         if self.swap_space_cls is not HostSwapSpace and args.swap_space <= 0:
             raise ValueError("swap_space_cls is used only with swap_space > 0 (GiB of host memory)")
         if self.choice_matcher_cls is not None and not callable(
@@ -135,10 +171,11 @@ class CoursePlugins:
             )
 
 
-# the plug-ins only the paged engine calls (its KV cache manager, scheduler, swap space)
+# the plug-ins only the paged engine calls (its KV cache manager, scheduler, runner, swap
+# space)
 PAGED_ENGINE_PLUGINS = (
-    "block_allocator_cls", "block_table_cls", "scheduler_cls", "prefix_cache_cls",
-    "swap_space_cls", "choice_matcher_cls",
+    "block_allocator_cls", "block_table_cls", "kv_pool_cls", "scheduler_cls", "flat_batch",
+    "prefix_cache_cls", "host_tier_cls", "swap_space_cls", "choice_matcher_cls", "grammar_can_end",
 )  # fmt: skip
 
 

@@ -1,21 +1,29 @@
-# Generated from minserve/kvcache/block_allocator.py, minserve/kvcache/block_table.py by `python -m minserve.course.generate`;
+# Generated from minserve/kvcache/block_allocator.py, minserve/kvcache/block_table.py, minserve/kvcache/paged_pool.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
-"""Chapter 01, KV cache and the block allocator: free list, reference counts and
-block tables.
+"""Chapter 01, KV cache and the block allocator: free list, reference counts,
+block tables and the paged pool.
 
 The paged KV pool is cut into blocks; `BlockAllocator` hands out block ids and
 counts who holds each one; a sequence's `BlockTable` maps its logical blocks to
 physical ones, shares them on fork and copies a shared last block before writing
-into it. Plug your classes into the engine with
-`LLM(plugins=CoursePlugins(block_allocator_cls=BlockAllocator,
-block_table_cls=BlockTable))`.
+into it; `PagedKVPool` is the memory itself: sized in blocks from a byte budget,
+one tensor for every layer's K and V, and block copies by index. Plug your
+classes into the engine with `LLM(plugins=CoursePlugins(
+block_allocator_cls=BlockAllocator, block_table_cls=BlockTable,
+kv_pool_cls=PagedKVPool))`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+import torch
+
+from minserve.config import DEFAULT_KV_CACHE_BYTES, CacheConfig
 from minserve.kvcache import NoFreeBlocksError
+from minserve.kvcache.kv_format import KVFormat
+from minserve.kvcache.paged_pool import as_format, holds_no_block
+from minserve.model_config import ModelConfig
 
 
 # Exercise 1.1: the block allocator (allocate and free)
@@ -241,3 +249,142 @@ class BlockTable:
             )
         block, offset = divmod(position, self.block_size)
         return self.blocks[block] * self.block_size + offset
+
+
+# Exercise 1.3: the paged KV pool (its size in blocks, its tensor, block copies)
+class PagedKVPool:
+    """The paged KV pool: per layer K and V shaped [num_blocks, block_size, num_kv_heads, row].
+
+    All layers live in one tensor [num_layers, 2 (K, V), num_blocks, block_size, Hkv, row],
+    so a block's whole KV (every layer) moves with one indexing operation. `row` is head_dim
+    values in the format's storage dtype (int8: head_dim + 2 bytes, see `kv_format.py`).
+
+    You write the pool's size (`bytes_per_block`: what one block costs; `num_blocks_for`:
+    how many blocks a byte budget holds), its memory (the tensor `self.kv`, in `__init__`,
+    with each layer's K and V views in `self._layers`) and the block moves the engine asks
+    of it (`copy_blocks` for copy-on-write, `gather_blocks` and the store of `write_blocks`
+    for swapping, through `_index`). Plug it into the engine with
+    `LLM(plugins=CoursePlugins(kv_pool_cls=PagedKVPool))`.
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype | KVFormat,
+        device: torch.device | str,
+    ) -> None:
+        """Allocate the whole pool up front: `self.kv`, zeros of the format's storage dtype
+        on `device`, shaped as the class says; then `self._layers[i]`, layer i's (K, V)
+        views of it (`kv[i, 0]` and `kv[i, 1]`: views, so the model's writes land in `kv`)."""
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"num_blocks and block_size must be at least 1, got {num_blocks} and {block_size}"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.format = as_format(dtype)
+        self.dtype = self.format.storage_dtype  # what the pool tensor holds
+        self.device = torch.device(device)
+        self.block_nbytes = self.bytes_per_block(model_config, block_size, self.format)
+        row = self.format.row_size(model_config.head_dim)  # head_dim values, as stored
+        # zeros, not empty: unused slots must never hold NaNs a masked kernel could touch
+        self.kv = torch.zeros(
+            (model_config.num_layers, 2, num_blocks, block_size, model_config.num_kv_heads, row),
+            dtype=self.dtype,
+            device=self.device,
+        )  # [num_layers, 2, num_blocks, block_size, Hkv, row]
+        # each layer's views made once: attention asks for them every layer of every step
+        self._layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(model_config.num_layers)]
+
+    def k_cache(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s keys, [num_blocks, block_size, Hkv, D]; a view, writes go to the pool."""
+        return self._layers[layer][0]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s values, [num_blocks, block_size, Hkv, D]; a view into the pool."""
+        return self._layers[layer][1]
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy block src to block dst in every layer, K and V (copy-on-write after a fork).
+
+        One indexing operation for all the (src, dst) pairs, whatever their number (none:
+        nothing to do); every src is read before any dst is written.
+        """
+        if not copies:
+            return
+        src, dst = (self._index(blocks) for blocks in zip(*copies))
+        self.kv[:, :, dst] = self.kv[:, :, src]
+
+    def gather_blocks(self, blocks: list[int]) -> torch.Tensor:
+        """A copy of these blocks' KV in every layer, on the pool's device (for sending).
+
+        Shape [num_layers, 2, len(blocks), block_size, Hkv, row], in the stored format.
+        """
+        return self.kv[:, :, self._index(blocks)]
+
+    def read_blocks(self, blocks: list[int]) -> torch.Tensor:
+        """`gather_blocks` as a host tensor (for swapping out); pinned on a GPU, so that
+        copying it back can overlap other work (`write_blocks`)."""
+        data = self.gather_blocks(blocks)
+        if self.device.type == "cpu":
+            return data  # the gather made a copy already
+        host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        host.copy_(data, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()  # the host reads it next
+        return host
+
+    def write_blocks(self, blocks: list[int], data: torch.Tensor) -> None:
+        """The inverse of `read_blocks`: put `data` into these blocks (for swapping in),
+        moved to the pool's device and dtype (without blocking: from pinned memory the copy
+        runs on the stream, ahead of the kernels that read it)."""
+        expected = self.kv.shape[:2] + (len(blocks),) + self.kv.shape[3:]
+        if data.shape != expected:
+            raise ValueError(
+                f"data for {len(blocks)} blocks must be shaped {tuple(expected)}, "
+                f"got {tuple(data.shape)}"
+            )
+        if self.format.quantized and data.dtype != self.dtype:
+            raise ValueError(
+                f"data for a {self.format.name} pool must hold its stored bytes ({self.dtype}), "
+                f"got {data.dtype}"
+            )
+        self.kv[:, :, self._index(blocks)] = data.to(self.device, self.dtype, non_blocking=True)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool occupies (every layer, K and V)."""
+        return self.kv.numel() * self.kv.element_size()
+
+    @staticmethod
+    def bytes_per_block(
+        model_config: ModelConfig, block_size: int, dtype: torch.dtype | KVFormat
+    ) -> int:
+        """Bytes of one block in every layer: layers x (K, V) x block_size x Hkv x bytes per
+        token and head (head_dim x itemsize, or the format's row: `bytes_per_token_head`)."""
+        per_head = as_format(dtype).bytes_per_token_head(model_config.head_dim)
+        return block_size * 2 * model_config.num_layers * model_config.num_kv_heads * per_head
+
+    @classmethod
+    def num_blocks_for(
+        cls, cache_config: CacheConfig, model_config: ModelConfig, dtype: torch.dtype | KVFormat
+    ) -> int:
+        """`cache_config.num_blocks` if set, else as many whole blocks as the byte budget
+        holds: `kv_cache_memory_bytes`, or `DEFAULT_KV_CACHE_BYTES` when that is None. A
+        budget too small for one block raises the ValueError `holds_no_block` makes."""
+        if cache_config.num_blocks is not None:
+            return cache_config.num_blocks
+        budget = cache_config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
+        per_block = cls.bytes_per_block(model_config, cache_config.block_size, dtype)
+        if budget < per_block:
+            raise holds_no_block(budget, per_block, cache_config.block_size, model_config, dtype)
+        return budget // per_block
+
+    def _index(self, blocks: list[int] | tuple[int, ...]) -> torch.Tensor:
+        """Block ids as an index tensor (int64) on the pool's device; ids outside the pool
+        raise ValueError naming them (before anything is read or written)."""
+        bad = [b for b in blocks if not 0 <= b < self.num_blocks]
+        if bad:
+            raise ValueError(f"block ids {bad} are outside the pool (0 .. {self.num_blocks - 1})")
+        return torch.tensor(blocks, dtype=torch.long, device=self.device)

@@ -1,4 +1,4 @@
-# Generated from minserve/scheduler/scheduler.py by `python -m minserve.course.generate`;
+# Generated from minserve/scheduler/scheduler.py, minserve/model/runner.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
@@ -8,12 +8,17 @@ KV cache runs out of blocks; then waiting ones are admitted in policy order
 while the token budget, the seats and the blocks last. 3.3 moves every sequence
 on by what the step produced. Plug your class (it calls the module's 3.1 and
 3.3) into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.
+3.4 lays the step's chunks end to end as the model runner's one flat batch;
+plug it in with `LLM(plugins=CoursePlugins(flat_batch=flat_batch))`.
 """
 
 from __future__ import annotations  # 3.1 names 3.2's Scheduler
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
+import torch
+
+from minserve.attention.metadata import AttentionMetadata
 from minserve.config import SchedulerConfig
 from minserve.kvcache.manager import KVCacheManager
 from minserve.messages import (
@@ -25,6 +30,7 @@ from minserve.messages import (
     SchedulerOutput,
     SchedulerUpdate,
 )
+from minserve.model.runner import ModelInputs, ToDevice, slot_of
 from minserve.request import StopRules
 from minserve.scheduler.budget import prefill_chunk
 from minserve.scheduler.policy import get_policy
@@ -457,3 +463,61 @@ def advance_sequences(
                 num_drafts = 0  # siblings forked this step never speculate
             new_tokens.append(append_sampled(scheduler, member, tokens))
     return new_tokens
+
+
+# Exercise 3.4: one step's flat batch (token ids, positions, slots, logits rows)
+def flat_batch(
+    chunks: Iterable[ScheduledChunk],
+    drafts: Mapping[int, Iterable[int]],
+    block_size: int,
+    to_device: ToDevice,
+) -> ModelInputs:
+    """Lay a step's chunks end to end, so that decodes and prefill chunks of any lengths
+    run as one forward over one flat batch of tokens (Orca's selective batching; vLLM's
+    flattened input): no padding, and each sequence's attention told apart by metadata.
+
+    Chunk `c` computes `c.token_ids` at positions `c.start`, `c.start + 1`, ..., then its
+    drafts (`drafts.get(c.seq_id, ())`, speculative decoding) at the positions after them.
+    Each of these tokens is written to the KV pool at its slot (`slot_of` through
+    `c.block_table`). Per chunk, `AttentionMetadata.build` takes its query length (the
+    tokens it computes), its context length (the tokens cached once the step ran, these
+    included), its block table (a list) and the slot mapping; pass it `to_device`.
+    Logits rows (`sample_indices`, flat token indices): a chunk with drafts gets one at
+    its token and one at each draft, another chunk that samples (`c.samples`) one at its
+    last token; after all of those, in batch order, each chunk's prompt-logprob rows: its
+    first `len(c.prompt_targets)` tokens. `input_ids`, `positions` and `sample_indices`
+    are int64 tensors; every tensor goes through `to_device`.
+    """
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_lens: list[int] = []
+    context_lens: list[int] = []
+    block_tables: list[list[int]] = []
+    sample_indices: list[int] = []
+    prompt_rows: list[int] = []  # after every sampling row
+    for c in chunks:
+        first = len(input_ids)  # the chunk's first flat index
+        own = list(drafts.get(c.seq_id, ()))
+        tokens = [*c.token_ids, *own]
+        span = range(c.start, c.start + len(tokens))
+        input_ids += tokens
+        positions += span
+        slots += [slot_of(c.block_table, block_size, p) for p in span]
+        query_lens.append(len(tokens))
+        context_lens.append(c.start + len(tokens))  # the cached prefix and these tokens
+        block_tables.append(list(c.block_table))
+        last = len(input_ids) - 1
+        if own:  # speculative decoding: logits at its token and at every draft
+            sample_indices += range(last - len(own), last + 1)
+        elif c.samples:
+            sample_indices.append(last)
+        prompt_rows += range(first, first + len(c.prompt_targets))
+    return ModelInputs(
+        input_ids=to_device(torch.tensor(input_ids, dtype=torch.long)),  # [T]
+        positions=to_device(torch.tensor(positions, dtype=torch.long)),  # [T]
+        metadata=AttentionMetadata.build(
+            query_lens, context_lens, block_tables, slots, to_device=to_device
+        ),
+        sample_indices=to_device(torch.tensor(sample_indices + prompt_rows, dtype=torch.long)),
+    )

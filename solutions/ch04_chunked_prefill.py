@@ -1,7 +1,8 @@
-# Generated from minserve/scheduler/budget.py, minserve/scheduler/preemption.py, minserve/kvcache/swap.py by `python -m minserve.course.generate`;
+# Generated from minserve/scheduler/budget.py, minserve/scheduler/preemption.py, minserve/kvcache/swap.py, minserve/scheduler/step_cost.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 04, Chunked prefill and preemption: the scheduler's two decisions
-when time or memory runs short, and the swap space a preempted sequence goes to.
+when time or memory runs short, the swap space a preempted sequence goes to,
+and the model of step time that sizes prompt chunks for a latency target.
 
 `prefill_chunk`: how many tokens a sequence computes out of what is left of the
 step's token budget (Sarathi-Serve's chunked prefill). `preemption_mode`:
@@ -10,15 +11,26 @@ recomputed (vLLM). `HostSwapSpace`: the account of the host memory swapped-out
 blocks wait in. Plug yours into the engine with
 `LLM(swap_space=0.05, plugins=CoursePlugins(chunk_rule=prefill_chunk,
 preemption_rule=preemption_mode, swap_space_cls=HostSwapSpace))`.
+`StepCost` and `StepCostModel`: a step's time predicted, inverted into the largest
+prompt chunk a time budget holds, and fitted online to the steps measured; plug
+them in with `LLM(target_tpot_ms=..., plugins=CoursePlugins(
+step_cost_model_cls=StepCostModel))`.
 """
 
 from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import astuple, dataclass
+
+import numpy as np
 
 from minserve.config import CacheConfig
 from minserve.kvcache.swap import GIB
 from minserve.kvcache.swap import SwapSpaceFullError  # noqa: F401
 from minserve.messages import DropSwapped, SwapIn, SwapOut
 from minserve.scheduler.preemption import PreemptionMode
+from minserve.scheduler.step_cost import COEFFICIENT_NAMES, NUM_FEATURES, StepShape
 
 
 # Exercise 4.1: a sequence's share of the token budget
@@ -132,3 +144,133 @@ class HostSwapSpace:
         """Give `key`'s bytes back to the swap space and forget it."""
         self.used_bytes -= self.num_blocks(key) * self.block_nbytes
         del self._blocks[key]
+
+
+# Exercise 4.4: the step-time model (predict a step, invert it, fit it online)
+@dataclass(frozen=True)
+class StepCost:
+    """The model's coefficients, in seconds: per step, per prefill step, per token, per
+    context token.
+
+    You write `predict` (the model), `max_prefill_tokens` (the model inverted: the largest
+    prompt chunk a time budget holds beside a step's decodes) and `break_even_chunk`; then
+    `StepCostModel.observe` and `nonnegative_least_squares` below, which fit the four
+    coefficients to the steps measured. With `LLM(target_tpot_ms=...)` the step-time
+    scheduler sizes every prompt chunk with them; plug yours in with
+    `CoursePlugins(step_cost_model_cls=StepCostModel)`.
+    """
+
+    fixed_s: float
+    prefill_s: float = 0.0
+    per_token_s: float = 0.0
+    per_context_token_s: float = 0.0
+
+    def predict(self, shape: StepShape) -> float:
+        """Seconds a step of this shape takes: each coefficient times its feature
+        (`shape.features()`, in the order of the fields), summed."""
+        return sum(c * x for c, x in zip(astuple(self), shape.features()))
+
+    def max_prefill_tokens(self, decodes: StepShape, seconds: float, start: int = 0) -> int:
+        """The most prompt tokens a step of `decodes` may add (a chunk after `start` computed
+        tokens) and still take at most `seconds`; 0 when not even one fits.
+
+        The step with the chunk is `decodes.plus_prefill(n, start)`: each prompt token costs
+        per_token_s and, as context, per_context_token_s; the chunk's context includes the
+        `start` tokens before it; the prefill jump is paid unless `decodes` already runs a
+        prompt chunk. Without a per-token cost any chunk fits: `sys.maxsize`. Rounded down,
+        forgiving float dust of 1e-9 token (a budget that holds exactly n tokens gives n).
+        """
+        per_token = self.per_token_s + self.per_context_token_s
+        jump = 0.0 if decodes.has_prefill else self.prefill_s
+        left = seconds - self.predict(decodes) - jump - self.per_context_token_s * start
+        if left < 0 or left < per_token:
+            return 0
+        return sys.maxsize if per_token == 0 else int(left / per_token + 1e-9)  # float dust
+
+    @classmethod
+    def from_metrics(cls, stats: dict[str, float]) -> StepCost | None:
+        """The cost an engine reported in `get_metrics()` (`cost_metrics`); None if unfitted."""
+        if not stats.get("step_cost_fitted"):
+            return None
+        return cls(*(stats[f"step_cost_{name}"] for name in COEFFICIENT_NAMES))
+
+    def break_even_chunk(self) -> float:
+        """Prompt tokens that cost what the prefill jump costs: a smaller chunk spends more on
+        the jump than on the prompt (0.0 without a per-token cost)."""
+        per_token = self.per_token_s + self.per_context_token_s
+        return 0.0 if per_token == 0 else self.prefill_s / per_token
+
+
+class StepCostModel:
+    """A `StepCost` fitted online: `observe` each step's shape and seconds, read `current`.
+
+    `current` is None until `min_steps` steps were seen (nothing to predict from), unless a
+    `prior` is given. `StepCostModel.fixed(cost)` keeps `cost` whatever it observes (tests;
+    a machine calibrated offline).
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.99,
+        min_steps: int = 8,
+        prior: StepCost | None = None,
+        learn: bool = True,
+    ) -> None:
+        if not 0 < decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.decay, self.min_steps, self.learn = decay, min_steps, learn
+        self.current: StepCost | None = prior
+        self.num_steps = 0
+        self._gram = np.zeros((NUM_FEATURES, NUM_FEATURES))  # sum of w * x x^T
+        self._moment = np.zeros(NUM_FEATURES)  # sum of w * x * seconds
+
+    @classmethod
+    def fixed(cls, cost: StepCost) -> StepCostModel:
+        return cls(prior=cost, learn=False)
+
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        """One measured step; refits once `min_steps` were seen.
+
+        The fit needs only two running sums over the steps, weighted (each new step
+        multiplies the older ones' weights by `decay`): `_gram`, sum of w x x^T, and
+        `_moment`, sum of w x seconds, x being `shape.features()`. Count the step in
+        `num_steps`; from `min_steps` on, `current` is the `StepCost` of
+        `nonnegative_least_squares(_gram, _moment)`.
+        """
+        if not self.learn:
+            return
+        x = np.array(shape.features())
+        self._gram = self.decay * self._gram + np.outer(x, x)
+        self._moment = self.decay * self._moment + seconds * x
+        self.num_steps += 1
+        if self.num_steps >= self.min_steps:
+            self.current = StepCost(*nonnegative_least_squares(self._gram, self._moment))
+
+
+def nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> list[float]:
+    """argmin over c >= 0 of sum w (x.c - y)^2, given gram = sum w x x^T, moment = sum w x y.
+
+    The minimum is the unconstrained fit on the features it leaves nonzero, so the best
+    nonnegative fit among all subsets is the answer (the empty subset, all zeros, included).
+    First the unconstrained fit (`np.linalg.lstsq(gram, moment, rcond=None)`): when no
+    coefficient is negative, that is the answer. Else try every proper subset of the
+    features: its fit, zeros elsewhere, skipped if any coefficient is negative; keep the
+    one with the lowest loss `c @ gram @ c - 2 * c @ moment` (the squared error, less a
+    constant: all zeros score 0).
+    """
+    unconstrained = np.linalg.lstsq(gram, moment, rcond=None)[0]
+    if (unconstrained >= 0).all():  # the usual case: nothing to constrain
+        return [float(c) for c in unconstrained]
+    best, best_loss = np.zeros(len(moment)), 0.0
+    for size in range(1, len(moment)):
+        for subset in itertools.combinations(range(len(moment)), size):
+            idx = list(subset)
+            coef = np.linalg.lstsq(gram[np.ix_(idx, idx)], moment[idx], rcond=None)[0]
+            if (coef < 0).any():
+                continue
+            full = np.zeros(len(moment))
+            full[idx] = coef
+            loss = full @ gram @ full - 2 * full @ moment  # the squared error, less a constant
+            if loss < best_loss - 1e-15:
+                best, best_loss = full, loss
+    return [float(c) for c in best]

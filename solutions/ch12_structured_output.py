@@ -1,4 +1,4 @@
-# Generated from minserve/model/token_mask.py, minserve/structured/choice_dfa.py by `python -m minserve.course.generate`;
+# Generated from minserve/model/token_mask.py, minserve/structured/choice_dfa.py, minserve/structured/grammar_ends.py by `python -m minserve.course.generate`;
 # edit the marked regions there, not here.
 """Chapter 12, Structured output: token masks, and a `choice` constraint as a DFA
 over the model's tokens.
@@ -12,6 +12,10 @@ over them; 12.3 rolls a matcher back (speculative decoding); 12.4 finds the text
 the choices force next (jump-forward). Plug your matcher into the engine with
 `LLM(plugins=CoursePlugins(choice_matcher_cls=ChoiceMatcher))`: it then serves
 `StructuredOutputsParams(choice=[...])` instead of xgrammar.
+12.5 decides whether a grammar can end (its productive rules, by a fixpoint), on
+xgrammar's print of the compiled grammar; plug it in with
+`LLM(plugins=CoursePlugins(grammar_can_end=can_end))`: every grammar compiled
+is then refused, or not, by your test.
 """
 
 from __future__ import annotations  # ChoiceMatcher's methods name their class
@@ -26,6 +30,12 @@ from minserve.structured.choice_dfa import (  # noqa: F401  (your code wants the
     Vocabulary,
     pack_bitmask,
     whole_characters,
+)
+from minserve.structured.grammar_ends import (  # noqa: F401
+    Alternatives,
+    Item,
+    Token,
+    rule_tokens,
 )
 from minserve.structured.token_matcher import MatcherAfter
 
@@ -188,3 +198,96 @@ def forced_text(dfa: ChoiceDFA, state: int) -> bytes:
         ((byte, state),) = dfa.edges[state].items()
         text.append(byte)
     return bytes(text)
+
+
+# Exercise 12.5: whether a grammar can end (its productive rules)
+def can_end(grammar_text: str, root: str = "root") -> bool:
+    """Whether `root` derives a finite text. Read each `name ::= body` line (lines without
+    "::=" are skipped) into its alternatives: `rule_tokens`, then `parse_alternatives` from
+    token 0, which must consume every token; then look for `root` among the
+    `productive_rules`. True when the text cannot be read here (a body whose tokens or
+    structure make no sense, or no rule named `root`): a grammar is refused only on proof
+    that it never ends."""
+    rules: dict[str, Alternatives] = {}
+    for line in grammar_text.splitlines():
+        name, sep, body = line.partition("::=")
+        if not sep:
+            continue
+        tokens = rule_tokens(body)
+        if tokens is None:
+            return True
+        alternatives, end = parse_alternatives(tokens, 0)
+        if alternatives is None or end != len(tokens):
+            return True
+        rules[name.strip()] = alternatives
+    return root not in rules or root in productive_rules(rules)
+
+
+def parse_alternatives(tokens: list[Token], i: int) -> tuple[Alternatives | None, int]:
+    """Parse `seq | seq | ...` from `tokens[i]` up to a ")" that closes it or the end:
+    (its alternatives, the index of that ")" or len(tokens)); (None, i) where a token makes
+    no sense (an op where an item should be, a "(" never closed). Each alternative is a
+    list of (item, may be absent) pairs. An item is a string or a character class
+    ("terminal", None), a rule's name ("rule", name), or a group "(" ... ")" ("group", its
+    alternatives, parsed by recursion), then at most one quantifier: after `*`, `?` or a
+    repeat "{0, n}" the item may be absent; after `+` or "{m, n}" with m > 0 it may not."""
+    alternatives: Alternatives = [[]]
+    while i < len(tokens):
+        kind, text = tokens[i]
+        if kind == "op" and text == ")":
+            return alternatives, i
+        if kind == "op" and text == "|":
+            alternatives.append([])
+            i += 1
+            continue
+        if kind == "op" and text == "(":
+            inner, i = parse_alternatives(tokens, i + 1)
+            if inner is None or i >= len(tokens):
+                return None, i
+            item: Item = ("group", inner)
+        elif kind in ("string", "cls"):
+            item = ("terminal", None)
+        elif kind == "name":
+            item = ("rule", text)
+        else:
+            return None, i
+        i += 1
+        optional = False
+        if i < len(tokens) and (tokens[i][0] == "repeat" or tokens[i][1] in ("*", "+", "?")):
+            quantifier = tokens[i][1]
+            optional = quantifier in ("*", "?") or (
+                quantifier.startswith("{") and int(quantifier[1:].split(",")[0]) == 0
+            )
+            i += 1
+        alternatives[-1].append((item, optional))
+    return alternatives, i
+
+
+def productive_rules(rules: dict[str, Alternatives]) -> set[str]:
+    """The names of the rules that derive a finite text, by a fixpoint: a rule becomes
+    productive once one of its alternatives is a sequence whose every item may be absent
+    or ends (a terminal, a rule already productive, a group with such an alternative); go
+    over all the rules again until a pass adds none. A rule named but not defined is not
+    productive."""
+    productive: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, alternatives in rules.items():
+            if name not in productive and _any_ends(alternatives, productive):
+                productive.add(name)
+                changed = True
+    return productive
+
+
+def _any_ends(alternatives: Alternatives, productive: set[str]) -> bool:
+    return any(all(_ends(item, opt, productive) for item, opt in seq) for seq in alternatives)
+
+
+def _ends(item: Item, optional: bool, productive: set[str]) -> bool:
+    kind, value = item
+    if optional or kind == "terminal":
+        return True
+    if kind == "rule":
+        return value in productive
+    return _any_ends(value, productive)  # type: ignore[arg-type]

@@ -98,7 +98,7 @@ def test_an_engines_fingerprint_names_its_model_and_pool() -> None:
     fingerprint = engine.kv_fingerprint(engine.worker.pool)
     assert fingerprint.block_size == 16 and fingerprint.num_layers == 30
     assert fingerprint.weights == weights_digest(llm.loaded.path)
-    assert engine.kv.prefix.root == fingerprint.root()  # the host tier's keys chain from it
+    assert engine.kv.prefix.host.root == fingerprint.root()  # the host tier's keys chain from it
     again = LLM(llm.loaded, num_blocks=32, block_size=8).engine
     assert again.kv_fingerprint(again.worker.pool).root() != fingerprint.root()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.engine import LLMEngine
@@ -230,6 +231,33 @@ def test_a_students_block_allocator_plugs_into_the_engine(tiny_model, workload, 
     prompts, params = workload
     assert token_ids(llm.generate(prompts[:20], params[:20], use_tqdm=False)) == expected[:20]
     assert_all_blocks_free(llm.engine)
+
+
+def test_a_students_kv_pool_plugs_into_the_engine(tiny_model, workload, expected) -> None:
+    """The solution's PagedKVPool (exercise 1.3) is the worker's pool: sized from a byte
+    budget, written by attention, swapped out and in under preemption (16 blocks of 4), and
+    its copy-on-write copies serve n = 2 samples; the tokens are minserve's."""
+    import solutions.ch01_block_allocator as student
+
+    default = LLM(tiny_model("llama"), block_size=4, num_blocks=16, swap_space=0.001)
+    one_block = student.PagedKVPool.bytes_per_block(default.loaded.config, 4, torch.float32)
+    llm = LLM(
+        default.loaded,  # the same model, loaded once
+        block_size=4,
+        kv_cache_memory_bytes=16 * one_block + one_block // 2,  # 16 whole blocks
+        swap_space=0.001,
+        plugins=CoursePlugins(kv_pool_cls=student.PagedKVPool),
+    )
+    pool = llm.engine.worker.pool
+    assert isinstance(pool, student.PagedKVPool) and pool.num_blocks == 16
+    prompts, params = workload
+    assert token_ids(llm.generate(prompts[:8], params[:8], use_tqdm=False)) == expected[:8]
+    assert llm.get_metrics()["num_swapped_out"] > 0
+    assert_all_blocks_free(llm.engine)
+    two = SamplingParams(n=2, temperature=0.8, max_tokens=9, seed=1)
+    forked = [c.token_ids for c in llm.generate("Hello there", two, use_tqdm=False)[0].outputs]
+    ours = [c.token_ids for c in default.generate("Hello there", two, use_tqdm=False)[0].outputs]
+    assert forked == ours
 
 
 def test_a_students_block_table_plugs_into_the_engine(tiny_model, workload, expected) -> None:

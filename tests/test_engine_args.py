@@ -62,6 +62,9 @@ def test_engine_args_refuse_what_cannot_run_before_anything_loads(options, messa
         (dict(), dict(swap_space_cls=dict), "swap_space_cls is used only with swap_space"),
         (dict(engine="reference"), dict(scheduler_cls=dict), "scheduler_cls plugs into the paged"),
         (dict(tensor_parallel_size=2), dict(model_ops=object()), "model_ops runs in one process"),
+        (dict(tensor_parallel_size=2), dict(kv_pool_cls=dict), "kv_pool_cls runs in one process"),
+        (dict(engine="reference"), dict(kv_pool_cls=dict), "kv_pool_cls plugs into the paged"),
+        (dict(), dict(step_cost_model_cls=dict), "step_cost_model_cls is fitted by the step-time"),
     ],
 )
 def test_plugins_are_checked_once_against_the_options(options, plugins, message) -> None:

@@ -1,8 +1,9 @@
 """Every chapter's exercises form a ladder whose labels match the work: each exercise has a
 level and a time (minserve/course/ladder.py); a chapter starts with a warm-up and has a
-core exercise; a lower level is never longer (in solution lines) than a higher one of the
-same chapter; the numbering follows the notebook; each chapter's first cell lists every
-exercise with its level and time; a level written beside an exercise agrees."""
+core exercise and a stretch; a lower level is never longer (in solution lines) than a
+higher one of the same chapter; the numbering follows the notebook; each chapter's first
+cell lists every exercise with its level and time; a level written beside an exercise
+agrees."""
 
 from __future__ import annotations
 
@@ -75,7 +76,9 @@ def test_labels_follow_the_size_of_the_work(chapter: Chapter) -> None:
             )
         if r.level == "stretch":
             assert lines[exercise] >= STRETCH_MIN_LINES, f"{exercise}: a stretch of 1-liners"
-    assert "core" in {r.level for r in rungs.values()}, f"chapter {chapter.number}: no core"
+    levels = {r.level for r in rungs.values()}
+    assert "core" in levels, f"chapter {chapter.number}: no core"
+    assert "stretch" in levels, f"chapter {chapter.number}: no stretch"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.number)

@@ -16,7 +16,9 @@ import math
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -26,6 +28,7 @@ from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.bench.serve_client import Endpoint, send
 from minserve.bench.serve_metrics import parse_goodput, summarize
 from minserve.config import SchedulerConfig
+from minserve.course import checks_ch04_step_cost as step_checks
 from minserve.engine import observe_steps
 from minserve.scheduler.scheduler import Scheduler
 from minserve.scheduler.step_budget import StepBudget, prefill_budget
@@ -130,6 +133,86 @@ def test_the_cost_travels_through_the_metrics_unchanged() -> None:
     cost = StepCost(0.01, 0.02, 0.003, 4e-6)
     assert StepCost.from_metrics(cost_metrics(cost)) == cost
     assert StepCost.from_metrics(cost_metrics(None)) is None
+
+
+# --- exercise 4.4's checks catch the usual wrong models ------------------------------------
+
+
+@dataclass(frozen=True)
+class _JumpEveryTime(StepCost):
+    def max_prefill_tokens(self, decodes: StepShape, seconds: float, start: int = 0) -> int:
+        left = seconds - self.predict(decodes) - self.prefill_s - self.per_context_token_s * start
+        return max(0, int(left / (self.per_token_s + self.per_context_token_s)))  # twice
+
+
+@dataclass(frozen=True)
+class _ContextForgotten(StepCost):
+    def max_prefill_tokens(self, decodes: StepShape, seconds: float, start: int = 0) -> int:
+        return super().max_prefill_tokens(decodes, seconds, 0)  # the `start` tokens' context
+
+
+@dataclass(frozen=True)
+class _TokenOnlyBreakEven(StepCost):
+    def break_even_chunk(self) -> float:
+        return 0.0 if self.per_token_s == 0 else self.prefill_s / self.per_token_s
+
+
+def _clamped_least_squares(gram: np.ndarray, moment: np.ndarray) -> list[float]:
+    return np.maximum(np.linalg.lstsq(gram, moment, rcond=None)[0], 0).tolist()
+
+
+class _NoDecay(StepCostModel):
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        self.decay = 1.0  # every step weighs the same, however old
+        super().observe(shape, seconds)
+
+
+class _FitsAtOnce(StepCostModel):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.min_steps = 1  # a fit from the first step
+
+
+def _student(**parts) -> SimpleNamespace:
+    reference = dict(StepCost=StepCost, StepCostModel=StepCostModel,
+                     nonnegative_least_squares=nonnegative_least_squares)  # fmt: skip
+    return SimpleNamespace(**{**reference, **parts})
+
+
+_FITS = step_checks.check_max_prefill_tokens_is_the_largest_chunk_that_fits
+_KKT = step_checks.check_a_constrained_fit_is_the_best_nonnegative_one
+_OBSERVE = step_checks.check_observe_fits_the_decayed_steps
+
+
+@pytest.mark.parametrize(
+    ("parts", "check", "message"),
+    [
+        (dict(StepCost=_JumpEveryTime), _FITS,
+         r"40 tokens, 896 context, a prompt chunk, seconds=0.25, start=0\): expected 159 .* "
+         r"got 128"),
+        (dict(StepCost=_ContextForgotten), _FITS,
+         r"step of 8 tokens, 800 context, seconds=0.25, start=512\): expected 184 .* got 192"),
+        (dict(StepCost=_TokenOnlyBreakEven),
+         step_checks.check_break_even_chunk_is_the_jump_in_tokens,
+         r"break_even_chunk\(\): expected 31.50.* got 32.0"),
+        (dict(nonnegative_least_squares=_clamped_least_squares), _KKT,
+         r"with falling per-token times .* not the best nonnegative fit: coefficient \d is .* > 0"),
+        (dict(StepCostModel=_NoDecay), _OBSERVE,
+         r"after 13 steps: current .* is not the nonnegative fit of the steps weighted 0.7 \*\* "),
+        (dict(StepCostModel=_FitsAtOnce), _OBSERVE,
+         r"StepCostModel\(min_steps=6\) after 1 steps: expected current None"),
+    ],
+    ids=["jump-every-time", "context-forgotten", "token-only-break-even", "clamped-fit",
+         "no-decay", "fits-at-once"],
+)  # fmt: skip
+def test_the_step_cost_checks_catch_a_wrong_model(parts, check, message) -> None:
+    with pytest.raises(AssertionError, match=message):
+        check(_student(**parts))
+
+
+def test_the_step_cost_checks_pass_minserve_s_model() -> None:
+    for check in step_checks.STEP_COST_CHECKS:
+        check(_student())
 
 
 # --- the budget rule ----------------------------------------------------------------------
@@ -286,6 +369,24 @@ def test_before_its_cost_model_is_fitted_a_step_runs_the_minimum_chunk_beside_de
         if any(c.is_decode for c in r.scheduler_output.chunks)
     ]
     assert max(prompt_tokens_beside_decodes) == STRICT.min_chunk
+
+
+def test_the_solutions_step_cost_model_is_the_one_the_step_time_scheduler_fits(oracle) -> None:
+    """Exercise 4.4 plugged in: the scheduler fits the solution's model on the measured steps,
+    sizes the prompt chunks with it, and the greedy tokens are the unconstrained engine's."""
+    import solutions.ch04_chunked_prefill as student
+
+    prompts = [{"prompt_token_ids": list(range(100, 100 + n))} for n in (30, 45, 60, 38)]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (6, 9, 6, 8)]
+    llm = LLM(oracle.loaded, num_blocks=256, block_size=4, max_num_seqs=2, target_tpot_ms=50.0,
+              plugins=CoursePlugins(step_cost_model_cls=student.StepCostModel))  # fmt: skip
+    model = llm.engine.scheduler.step_cost
+    assert isinstance(model, student.StepCostModel)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    expected = oracle.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in expected]
+    assert isinstance(model.current, student.StepCost) and model.num_steps >= model.min_steps
+    assert llm.get_metrics()["step_cost_fitted"] == 1.0
 
 
 def test_without_a_tpot_target_the_step_time_scheduler_schedules_as_before(oracle) -> None:

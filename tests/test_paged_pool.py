@@ -1,15 +1,20 @@
 """The paged KV pool (sizing, views, copy-on-write copies, swapping blocks) and the host
-swap space, on a tiny two-layer model shape."""
+swap space, on a tiny two-layer model shape; and exercise 1.3's checks of a pool, fed
+typical wrong pools."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from minserve.config import DEFAULT_KV_CACHE_BYTES, CacheConfig
+from minserve.course import checks_ch01_pool as checks
 from minserve.kvcache import HostSwapSpace, PagedKVPool, SwapSpaceFullError
 from minserve.kvcache.block_ops import apply_block_ops
 from minserve.kvcache.host_store import HostBlockStore
+from minserve.kvcache.kv_format import KVFormat
 from minserve.messages import CopyBlocks, SwapOut
 from minserve.model_config import ModelConfig
 
@@ -222,3 +227,78 @@ def test_read_blocks_is_a_copy_that_write_blocks_puts_back():
     pool.write_blocks([0, 5], saved)
     assert torch.equal(pool.kv[:, :, [0, 5]], expected)
     assert pool.kv[:, :, [1, 2, 3, 4]].abs().sum() == 0
+
+
+# --- exercise 1.3's checks catch the usual wrong pools --------------------------------------
+
+
+class _KeysOnly(PagedKVPool):
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        for src, dst in copies:
+            self.kv[:, 0, dst] = self.kv[:, 0, src]  # forgets the values
+
+
+class _PairByPair(PagedKVPool):
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        for src, dst in copies:
+            self.kv[:, :, dst] = self.kv[:, :, src]  # a later src may be an earlier dst
+
+
+class _NoScaleBytes(PagedKVPool):
+    @staticmethod
+    def bytes_per_block(model_config, block_size, dtype) -> int:
+        itemsize = (dtype.storage_dtype if isinstance(dtype, KVFormat) else dtype).itemsize
+        per_head = model_config.head_dim * itemsize  # an int8 row's scale left out
+        return block_size * 2 * model_config.num_layers * model_config.num_kv_heads * per_head
+
+
+class _RoundsUp(PagedKVPool):
+    @classmethod
+    def num_blocks_for(cls, cache_config, model_config, dtype) -> int:
+        if cache_config.num_blocks is not None:
+            return cache_config.num_blocks
+        budget = cache_config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
+        return -(-budget // cls.bytes_per_block(model_config, cache_config.block_size, dtype))
+
+
+class _UncheckedIds(PagedKVPool):
+    def _index(self, blocks) -> torch.Tensor:
+        return torch.tensor(blocks, dtype=torch.long, device=self.device)
+
+
+class _CopiedLayers(PagedKVPool):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._layers = [(k.clone(), v.clone()) for k, v in self._layers]
+
+
+@pytest.mark.parametrize(
+    ("wrong", "check", "message"),
+    [
+        (_KeysOnly, checks.check_copy_blocks_copies_every_layer_k_and_v,
+         r"copy_blocks\(\[\(1, 4\), \(2, 5\)\]\) on a pool of 6 blocks: the pool differs from "
+         r"the expected one at layer 0 V block 4"),
+        (_PairByPair, checks.check_copy_blocks_copies_every_layer_k_and_v,
+         r"block 2 must get block 1's KV as it was before the call .* at layer 0 K block 2"),
+        (_NoScaleBytes, checks.check_bytes_per_block_counts_every_layer_k_and_v,
+         r"bytes_per_block\(2 layers, 2 KV heads, head_dim 8, block_size=4, int8\): expected "
+         r"320 .* got 256 \(an int8 row is head_dim bytes plus a 2-byte scale"),
+        (_RoundsUp, checks.check_num_blocks_for_rounds_the_budget_down,
+         r"kv_cache_memory_bytes=10000, .* expected 9, got 10"),
+        (_RoundsUp, checks.check_a_budget_below_one_block_raises,
+         r"expected ValueError \(the budget holds no block\), got 1"),
+        (_UncheckedIds, checks.check_block_ids_outside_the_pool_raise,
+         r"copy_blocks\(\[\(0, 6\)\]\) .* got torch's IndexError"),
+        (_CopiedLayers, checks.check_layer_views_write_into_the_pool,
+         r"each layer's \(K, V\) must be views kv\[i, 0\] and kv\[i, 1\]"),
+    ],
+    ids=lambda x: getattr(x, "__name__", "")[:30],
+)  # fmt: skip
+def test_the_pool_checks_catch_a_wrong_pool(wrong, check, message):
+    with pytest.raises(AssertionError, match=message):
+        check(SimpleNamespace(PagedKVPool=wrong))
+
+
+def test_the_pool_checks_pass_minserve_s_pool():
+    for check in checks.POOL_CHECKS:
+        check(SimpleNamespace(PagedKVPool=PagedKVPool))

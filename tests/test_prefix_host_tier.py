@@ -11,7 +11,7 @@ import pytest
 from test_engine import token_ids
 from test_prefix_policy import round_robin_workload
 
-from minserve import LLM
+from minserve import LLM, CoursePlugins
 from minserve.kvcache.host_tier import TierCosts
 
 
@@ -68,3 +68,27 @@ def test_the_host_tier_is_bounded_and_drops_its_oldest_blocks(tiny_model, expect
     assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == expected
     host = llm.engine.kv.prefix.host
     assert host.capacity_blocks == 1 and len(host) <= 1 and host.num_dropped > 0
+
+
+def test_the_solutions_host_tier_plugs_in_and_changes_nothing(tiny_model, expected) -> None:
+    """Exercise 5.3's class runs the engine's host tier: the same tokens and hits."""
+    import solutions.ch05_radix_cache as student
+
+    llm = LLM(
+        tiny_model("llama"),
+        enable_prefix_caching=True,
+        kv_offloading_size=0.01,
+        block_size=4,
+        num_blocks=12,
+        max_num_seqs=1,
+        plugins=CoursePlugins(host_tier_cls=student.HostPrefixTier),
+    )
+    assert isinstance(llm.engine.kv.prefix.host, student.HostPrefixTier)
+    prompts, params = round_robin_workload()
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == expected
+    metrics = llm.get_metrics()
+    assert metrics["prefix_cache_hit_rate"] == pytest.approx(12 * 16 / (16 * 18))
+    promoted = metrics["prefix_cache_promoted_blocks"]
+    assert metrics["host_tier_bytes_in"] == promoted * llm.engine.worker.pool.block_nbytes > 0
+    with pytest.raises(ValueError, match="host_tier_cls is used only with"):
+        LLM(llm.loaded, plugins=CoursePlugins(host_tier_cls=student.HostPrefixTier))

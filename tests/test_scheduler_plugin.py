@@ -62,6 +62,36 @@ def test_the_solutions_step_update_gives_the_default_engines_outputs(tiny_model)
     assert free[0] == free[1] and not plugged.engine.scheduler.has_unfinished
 
 
+def test_the_solutions_flat_batch_lays_out_every_step_as_minserves(tiny_model) -> None:
+    """Exercise 3.4 lays out every step: prefill chunks beside decodes, prompt-logprob rows
+    (drafts to verify are the checks' part)."""
+    import solutions.ch03_scheduler as student
+
+    steps = []
+
+    def flat_batch(*args):
+        steps.append(len(args[0]))
+        return student.flat_batch(*args)
+
+    prompts, _ = random_workload(6, seed=7, vocab=64, max_prompt=40)
+    params = [
+        SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=1 if i % 2 else None)
+        for i in range(len(prompts))
+    ]
+    options = dict(block_size=4, num_blocks=64, max_num_batched_tokens=16)
+
+    def outputs(llm: LLM) -> list[tuple]:
+        results = llm.generate(prompts, params, use_tqdm=False)
+        return [(o.prompt_logprobs, [c.token_ids for c in o.outputs]) for o in results]
+
+    default = LLM(tiny_model("llama"), **options)
+    plugged = LLM(default.loaded, plugins=CoursePlugins(flat_batch=flat_batch), **options)
+    assert outputs(plugged) == outputs(default)
+    assert len(steps) == plugged.get_metrics()["num_steps"] and max(steps) > 1
+    with pytest.raises(ValueError, match="flat_batch plugs into the paged engine"):
+        LLM(tiny_model("llama"), engine="reference", plugins=CoursePlugins(flat_batch=flat_batch))
+
+
 def test_an_llm_can_share_an_already_loaded_model(tiny_model) -> None:
     first = LLM(tiny_model("llama"))
     second = LLM(first.loaded, num_blocks=8)

@@ -101,6 +101,8 @@ CASES = [
      "max_tokens"),
     ("max_completion_tokens past the context", "/v1/chat/completions",
      with_(CHAT, max_completion_tokens=MAX_MODEL_LEN), 400, "max_completion_tokens"),
+    ("max_tokens past the schema's maximum beside max_completion_tokens", "/v1/chat/completions",
+     with_(CHAT, max_completion_tokens=2, max_tokens=MAX_MODEL_LEN), 400, "max_tokens"),
     ("stop token id past the vocabulary", "/v1/completions",
      with_(GOOD, stop_token_ids=[49152], min_tokens=1), 400, "stop_token_ids"),
     ("more samples than seats", "/v1/completions", with_(GOOD, n=2), 400, "n"),

@@ -215,8 +215,8 @@ def test_aborts_leave_every_block_free(model, workload, method) -> None:
         ({**NGRAM, "proposer_cls": 3}, "proposer_cls must be a class"),
         ({**NGRAM, "draft_lengths_cls": 3}, "draft_lengths_cls must be a class"),
         (
-            {"method": "early_exit", "num_speculative_tokens": 2, "proposer_cls": NgramProposer},
-            "proposer_cls applies to method 'ngram'",
+            {"method": "jump_forward", "num_speculative_tokens": 2, "proposer_cls": NgramProposer},
+            "proposer_cls applies to methods 'ngram' and 'early_exit'",
         ),
     ],
 )
@@ -268,3 +268,21 @@ def test_the_ngram_proposer_class_comes_from_the_config() -> None:
     config = SpeculativeConfig("ngram", 2, proposer_cls=Echo)
     proposer = make_proposer(config, runner=None)  # type: ignore[arg-type]
     assert isinstance(proposer, Echo) and proposer.lookup([4, 5], 2) == [5, 5]
+
+
+def test_the_early_exit_proposer_class_comes_from_the_config(model, workload, expected) -> None:
+    """Exercise 6.6 plugged in: the solution's class drafts, and greedy output is unchanged."""
+    from solutions.ch06_rejection_sampling import EarlyExitProposer
+
+    class Counting(EarlyExitProposer):
+        calls = 0
+
+        def propose(self, chunks, limits):
+            Counting.calls += 1
+            return super().propose(chunks, limits)
+
+    prompts, params = workload
+    llm = LLM(model, speculative_config={**EARLY_EXIT, "proposer_cls": Counting})
+    assert token_ids(llm.generate(prompts[:2], params[:2], use_tqdm=False)) == expected[:2]
+    assert isinstance(llm.engine.worker.speculator.proposer, Counting) and Counting.calls > 0
+    assert llm.get_metrics()["spec_decode_num_draft_tokens"] > 0

@@ -19,7 +19,7 @@ import torch
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from minserve import LLM, SamplingParams
+from minserve import LLM, CoursePlugins, SamplingParams
 from minserve.errors import RequestsFailedError, StructuredOutputBusyError, StructuredOutputError
 from minserve.model.sampler import Sampler, SamplingRow, apply_token_bitmasks
 from minserve.model.token_mask import apply_token_bitmask
@@ -238,6 +238,9 @@ def test_a_schema_is_compiled_once_whatever_its_spelling(llm: LLM) -> None:
     assert compiler.num_cached == before + 1
 
 
+CRASHES_XGRAMMAR = "root ::= root{0,2}"  # xgrammar 0.2.8 segfaults compiling it
+
+
 @pytest.mark.parametrize(
     "constraint, message",
     [
@@ -246,6 +249,7 @@ def test_a_schema_is_compiled_once_whatever_its_spelling(llm: LLM) -> None:
         (dict(regex="[a-"), "invalid regex"),
         (dict(grammar="root ::= undefined_rule"), "invalid grammar"),
         (dict(grammar='root ::= "a" root'), "never ends"),
+        (dict(grammar=CRASHES_XGRAMMAR), "crashes on it"),
         (
             dict(json={"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
             "never ends",
@@ -262,6 +266,17 @@ def test_a_bad_constraint_is_a_value_error_naming_it(llm: LLM, constraint, messa
     with pytest.raises(ValueError, match=message):
         llm.generate("Hi", params, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_a_plugged_can_end_decides_which_grammars_are_refused(llm: LLM) -> None:
+    """Chapter 12's plug-in replaces the engine's test: trusting every grammar, a grammar
+    that never ends is served, and runs to max_tokens."""
+    trusting_plugins = CoursePlugins(grammar_can_end=lambda _: True)
+    trusting = LLM(llm.loaded, num_blocks=256, plugins=trusting_plugins)
+    never_ends = StructuredOutputsParams(grammar='root ::= "a" root')
+    params = SamplingParams(temperature=0, max_tokens=6, structured_outputs=never_ends)
+    (out,) = trusting.generate("Hi", params, use_tqdm=False)
+    assert set(out.outputs[0].text) == {"a"} and out.outputs[0].finish_reason == "length"
 
 
 # U+B7FC1 is the bytes F2 B7 BF 81, and SmolLM2's vocabulary has no token with byte F2
@@ -390,6 +405,10 @@ def test_a_malformed_schema_is_a_400_and_the_server_keeps_serving(live, client) 
     response = httpx.post(f"{live.url}/v1/completions", json=bad_regex, timeout=30)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "structured_outputs"
+    crashes = {"model": MODEL, "prompt": "x", "structured_outputs": {"grammar": CRASHES_XGRAMMAR}}
+    response = httpx.post(f"{live.url}/v1/completions", json=crashes, timeout=60)
+    assert response.status_code == 400
+    assert "crashes on it" in response.json()["error"]["message"]
     unspellable = {"model": MODEL, "prompt": "x", "structured_outputs": {"choice": [UNSPELLABLE]}}
     response = httpx.post(f"{live.url}/v1/completions", json=unspellable, timeout=30)
     assert response.status_code == 400

@@ -86,20 +86,27 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="block_allocator",
         title="KV cache and the block allocator",
         module="ch01_block_allocator",
-        sources=("kvcache/block_allocator.py", "kvcache/block_table.py"),
+        sources=("kvcache/block_allocator.py", "kvcache/block_table.py", "kvcache/paged_pool.py"),
         header=(
-            '"""Chapter 01, KV cache and the block allocator: free list, reference counts and\n'
-            "block tables.\n\n"
+            '"""Chapter 01, KV cache and the block allocator: free list, reference counts,\n'
+            "block tables and the paged pool.\n\n"
             "The paged KV pool is cut into blocks; `BlockAllocator` hands out block ids and\n"
             "counts who holds each one; a sequence's `BlockTable` maps its logical blocks to\n"
             "physical ones, shares them on fork and copies a shared last block before writing\n"
-            "into it. Plug your classes into the engine with\n"
-            "`LLM(plugins=CoursePlugins(block_allocator_cls=BlockAllocator,\n"
-            "block_table_cls=BlockTable))`.\n"
+            "into it; `PagedKVPool` is the memory itself: sized in blocks from a byte budget,\n"
+            "one tensor for every layer's K and V, and block copies by index. Plug your\n"
+            "classes into the engine with `LLM(plugins=CoursePlugins(\n"
+            "block_allocator_cls=BlockAllocator, block_table_cls=BlockTable,\n"
+            "kv_pool_cls=PagedKVPool))`.\n"
             '"""\n\n'
             "from __future__ import annotations\n\n"
             "from collections import deque\n\n"
+            "import torch\n\n"
+            "from minserve.config import DEFAULT_KV_CACHE_BYTES, CacheConfig\n"
             "from minserve.kvcache import NoFreeBlocksError\n"
+            "from minserve.kvcache.kv_format import KVFormat\n"
+            "from minserve.kvcache.paged_pool import as_format, holds_no_block\n"
+            "from minserve.model_config import ModelConfig\n"
         ),
         checks="minserve.course.checks_ch01",
     ),
@@ -153,7 +160,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="continuous_batching",
         title="Continuous batching",
         module="ch03_scheduler",
-        sources=("scheduler/scheduler.py",),
+        sources=("scheduler/scheduler.py", "model/runner.py"),
         header=(
             '"""Chapter 03, Continuous batching: the scheduler that builds every step\'s batch.\n\n'
             "3.1 appends a sequence's sampled tokens through the stop rules. 3.2: each step,\n"
@@ -162,9 +169,13 @@ CHAPTERS: tuple[Chapter, ...] = (
             "while the token budget, the seats and the blocks last. 3.3 moves every sequence\n"
             "on by what the step produced. Plug your class (it calls the module's 3.1 and\n"
             "3.3) into the engine with `LLM(plugins=CoursePlugins(scheduler_cls=Scheduler))`.\n"
+            "3.4 lays the step's chunks end to end as the model runner's one flat batch;\n"
+            "plug it in with `LLM(plugins=CoursePlugins(flat_batch=flat_batch))`.\n"
             '"""\n\n'
             "from __future__ import annotations  # 3.1 names 3.2's Scheduler\n\n"
-            "from collections.abc import Callable\n\n"
+            "from collections.abc import Callable, Iterable, Mapping\n\n"
+            "import torch\n\n"
+            "from minserve.attention.metadata import AttentionMetadata\n"
             "from minserve.config import SchedulerConfig\n"
             "from minserve.kvcache.manager import KVCacheManager\n"
             "from minserve.messages import (\n"
@@ -176,6 +187,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             "    SchedulerOutput,\n"
             "    SchedulerUpdate,\n"
             ")\n"
+            "from minserve.model.runner import ModelInputs, ToDevice, slot_of\n"
             "from minserve.request import StopRules\n"
             "from minserve.scheduler.budget import prefill_chunk\n"
             "from minserve.scheduler.policy import get_policy\n"
@@ -191,10 +203,16 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="chunked_prefill_and_preemption",
         title="Chunked prefill and preemption",
         module="ch04_chunked_prefill",
-        sources=("scheduler/budget.py", "scheduler/preemption.py", "kvcache/swap.py"),
+        sources=(
+            "scheduler/budget.py",
+            "scheduler/preemption.py",
+            "kvcache/swap.py",
+            "scheduler/step_cost.py",
+        ),
         header=(
             '"""Chapter 04, Chunked prefill and preemption: the scheduler\'s two decisions\n'
-            "when time or memory runs short, and the swap space a preempted sequence goes to.\n\n"
+            "when time or memory runs short, the swap space a preempted sequence goes to,\n"
+            "and the model of step time that sizes prompt chunks for a latency target.\n\n"
             "`prefill_chunk`: how many tokens a sequence computes out of what is left of the\n"
             "step's token budget (Sarathi-Serve's chunked prefill). `preemption_mode`:\n"
             "whether a preempted sequence's blocks go to the host swap space or are freed and\n"
@@ -202,13 +220,22 @@ CHAPTERS: tuple[Chapter, ...] = (
             "blocks wait in. Plug yours into the engine with\n"
             "`LLM(swap_space=0.05, plugins=CoursePlugins(chunk_rule=prefill_chunk,\n"
             "preemption_rule=preemption_mode, swap_space_cls=HostSwapSpace))`.\n"
+            "`StepCost` and `StepCostModel`: a step's time predicted, inverted into the largest\n"
+            "prompt chunk a time budget holds, and fitted online to the steps measured; plug\n"
+            "them in with `LLM(target_tpot_ms=..., plugins=CoursePlugins(\n"
+            "step_cost_model_cls=StepCostModel))`.\n"
             '"""\n\n'
             "from __future__ import annotations\n\n"
+            "import itertools\n"
+            "import sys\n"
+            "from dataclasses import astuple, dataclass\n\n"
+            "import numpy as np\n\n"
             "from minserve.config import CacheConfig\n"
             "from minserve.kvcache.swap import GIB\n"
             "from minserve.kvcache.swap import SwapSpaceFullError  # noqa: F401\n"
             "from minserve.messages import DropSwapped, SwapIn, SwapOut\n"
             "from minserve.scheduler.preemption import PreemptionMode\n"
+            "from minserve.scheduler.step_cost import COEFFICIENT_NAMES, NUM_FEATURES, StepShape\n"
         ),
         checks="minserve.course.checks_ch04",
     ),
@@ -217,23 +244,32 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="sharing_prefixes",
         title="Sharing prefixes",
         module="ch05_radix_cache",
-        sources=("scheduler/cache_aware.py", "kvcache/radix_cache.py"),
+        sources=("scheduler/cache_aware.py", "kvcache/radix_cache.py", "kvcache/host_tier.py"),
         header=(
             '"""Chapter 05, Sharing prefixes: the scheduling policy that serves cache hits\n'
-            "first, and the radix tree of the prefix cache.\n\n"
+            "first, the radix tree of the prefix cache, and its host tier.\n\n"
             "First `LongestPrefixMatch`, SGLang's longest-prefix-match policy: plug it in with\n"
             "`LLM(enable_prefix_caching=True, scheduling_policy=LongestPrefixMatch)`. Then a\n"
             "radix tree over token ids at block granularity (SGLang's RadixAttention): you\n"
             "write `match_prefix`, `insert` and `evict`. Plug your class into the engine with\n"
             "`LLM(enable_prefix_caching=True,\n"
-            "plugins=CoursePlugins(prefix_cache_cls=RadixCache))`.\n"
+            "plugins=CoursePlugins(prefix_cache_cls=RadixCache))`. Last, `HostPrefixTier`:\n"
+            "evicted blocks demoted to host memory under their content keys, promoted back\n"
+            "when a match continues into them; plug it in with\n"
+            "`LLM(enable_prefix_caching=True, kv_offloading_size=0.01,\n"
+            "plugins=CoursePlugins(host_tier_cls=HostPrefixTier))`.\n"
             '"""\n\n'
             "import heapq\n"
             "import itertools\n"
-            "import time\n\n"
+            "import time\n"
+            "from collections import OrderedDict\n"
+            "from collections.abc import Callable\n\n"
             "from minserve.kvcache.block_allocator import BlockAllocator\n"
+            "from minserve.kvcache.block_key import UNSHARED_ROOT, BlockKey, block_keys\n"
+            "from minserve.kvcache.host_tier import TierCosts\n"
             "from minserve.kvcache.manager import KVCacheManager\n"
             "from minserve.kvcache.radix_cache import PrefixMatch, RadixNode\n"
+            "from minserve.messages import BlockOp, Demote, Promote\n"
             "from minserve.scheduler.cache_aware import DEFAULT_MAX_WAIT_S\n"
             "from minserve.scheduler.sequence import SeqStatus, Sequence\n"
         ),
@@ -244,10 +280,15 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="speculative_decoding",
         title="Sampling and speculative decoding",
         module="ch06_rejection_sampling",
-        sources=("speculative/verify.py", "speculative/ngram.py", "speculative/draft_length.py"),
+        sources=(
+            "speculative/verify.py",
+            "speculative/ngram.py",
+            "speculative/draft_length.py",
+            "speculative/early_exit.py",
+        ),
         header=(
             '"""Chapter 06, Sampling and speculative decoding: verifying a draft distribution,\n'
-            "and proposing drafts by prompt lookup.\n\n"
+            "and proposing drafts by prompt lookup and by early exit.\n\n"
             "A draft q proposes tokens; the target p keeps each with probability min(1, p/q)\n"
             "and, at the first rejection, draws from the residual max(0, p - q) normalised, so\n"
             "every token returned is distributed exactly as p (Leviathan et al., Chen et al.).\n"
@@ -257,13 +298,20 @@ CHAPTERS: tuple[Chapter, ...] = (
             "draft length picks, per request, the g in [1, k] with the best expected speedup\n"
             "at its running acceptance rate; plug your `DraftLengths` in with\n"
             '`speculative_config={..., "draft_length": "adaptive", "draft_lengths_cls":\n'
-            "DraftLengths}`.\n"
+            "DraftLengths}`. The early-exit proposer drafts with the target's own first\n"
+            "layers, reading and writing the target's KV pool; plug it in with\n"
+            '`speculative_config={"method": "early_exit", ..., "proposer_cls":\n'
+            "EarlyExitProposer}`.\n"
             '"""\n\n'
             "from collections.abc import Hashable\n"
             "from dataclasses import dataclass\n\n"
             "import torch\n\n"
+            "from minserve.attention.metadata import AttentionMetadata\n"
             "from minserve.messages import ScheduledChunk\n"
+            "from minserve.model.runner import ModelInputs, ModelRunner, slot_of\n"
+            "from minserve.model.sampler import Sampler\n"
             "from minserve.speculative.config import SpeculativeConfig\n"
+            "from minserve.speculative.distributions import choose_drafts, row_after\n"
             "from minserve.speculative.draft import Draft\n"
             "from minserve.speculative.draft_length import (\n"
             "    DECAY,\n"
@@ -318,10 +366,10 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="disaggregating_prefill_and_decode",
         title="Disaggregating prefill and decode",
         module="ch08_transfer_rule",
-        sources=("disagg/transfer_rule.py", "disagg/hand_off.py"),
+        sources=("disagg/transfer_rule.py", "disagg/hand_off.py", "disagg/simulator.py"),
         header=(
-            '"""Chapter 08, Disaggregating prefill and decode: transfer or recompute, and the\n'
-            "KV hand-off, both sides.\n\n"
+            '"""Chapter 08, Disaggregating prefill and decode: transfer or recompute, the KV\n'
+            "hand-off, both sides, and the capacity simulator's event loop.\n\n"
             "After a prefill, a request's KV cache either travels to the decode instance\n"
             "(latency + bytes / bandwidth) or the decode instance computes the prompt again\n"
             "(prompt tokens x seconds per prefill token). You write `TransferRule.decide`,\n"
@@ -329,9 +377,14 @@ CHAPTERS: tuple[Chapter, ...] = (
             "the hand-off's two sides: `send_prefilled` (offer, acks, blocks, free) and\n"
             "`receive_prefilled` (offers, admit, ack or refuse with a reason, blocks in).\n"
             "Plug them into the pair with `PrefillDecodePair(model, admit=admit,\n"
-            "send=send_prefilled, receive=receive_prefilled)`.\n"
+            "send=send_prefilled, receive=receive_prefilled)`. Last, the capacity\n"
+            "simulator's event loop (`ClusterRun`: arrivals, steps, KV hand-offs); plug\n"
+            "`simulate` into the planner with `search_shapes(..., simulator=simulate)`.\n"
             '"""\n\n'
+            "import heapq\n"
+            "import itertools\n"
             "from dataclasses import dataclass\n\n"
+            "from minserve.disagg.costs import StepCosts\n"
             "from minserve.disagg.engine_hooks import add_prefilled  # noqa: F401\n"
             "from minserve.disagg.hand_off import (  # noqa: F401  (your code will want them)\n"
             "    Admit,\n"
@@ -340,11 +393,19 @@ CHAPTERS: tuple[Chapter, ...] = (
             "    refusal,\n"
             ")\n"
             "from minserve.disagg.kv_transfer import KVAck, KVOffer, KVTransfer\n"
+            "from minserve.disagg.sim_instance import PlannedStep, SimInstance, SimState\n"
+            "from minserve.disagg.simulator import (\n"
+            "    ClusterShape,\n"
+            "    RequestTimes,\n"
+            "    SimConfig,\n"
+            "    SimResult,\n"
+            ")\n"
             "from minserve.disagg.transfer_rule import (\n"
             "    POLICIES,\n"
             "    TransferDecision,\n"
             "    log,  # noqa: F401  (to log each decision)\n"
             ")\n"
+            "from minserve.disagg.workload import SimRequest\n"
             "from minserve.engine import LLMEngine\n"
             "from minserve.scheduler.sequence import Sequence\n"
         ),
@@ -437,7 +498,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         slug="structured_output",
         title="Structured output",
         module="ch12_structured_output",
-        sources=("model/token_mask.py", "structured/choice_dfa.py"),
+        sources=("model/token_mask.py", "structured/choice_dfa.py", "structured/grammar_ends.py"),
         header=(
             '"""Chapter 12, Structured output: token masks, and a `choice` constraint as a DFA\n'
             "over the model's tokens.\n\n"
@@ -450,6 +511,10 @@ CHAPTERS: tuple[Chapter, ...] = (
             "the choices force next (jump-forward). Plug your matcher into the engine with\n"
             "`LLM(plugins=CoursePlugins(choice_matcher_cls=ChoiceMatcher))`: it then serves\n"
             "`StructuredOutputsParams(choice=[...])` instead of xgrammar.\n"
+            "12.5 decides whether a grammar can end (its productive rules, by a fixpoint), on\n"
+            "xgrammar's print of the compiled grammar; plug it in with\n"
+            "`LLM(plugins=CoursePlugins(grammar_can_end=can_end))`: every grammar compiled\n"
+            "is then refused, or not, by your test.\n"
             '"""\n\n'
             "from __future__ import annotations  # ChoiceMatcher's methods name their class\n\n"
             "from collections.abc import Iterator, Sequence  # noqa: F401\n\n"
@@ -460,6 +525,12 @@ CHAPTERS: tuple[Chapter, ...] = (
             "    Vocabulary,\n"
             "    pack_bitmask,\n"
             "    whole_characters,\n"
+            ")\n"
+            "from minserve.structured.grammar_ends import (  # noqa: F401\n"
+            "    Alternatives,\n"
+            "    Item,\n"
+            "    Token,\n"
+            "    rule_tokens,\n"
             ")\n"
             "from minserve.structured.token_matcher import MatcherAfter\n"
         ),

@@ -1,5 +1,6 @@
-"""Checks for chapter 01 (the block allocator and the block table), run against any module
-that defines `BlockAllocator` and `BlockTable`: the solutions, or a student's exercise file.
+"""Checks for chapter 01 (the block allocator, the block table and the paged pool), run
+against any module that defines `BlockAllocator`, `BlockTable` and `PagedKVPool`: the
+solutions, or a student's exercise file (the pool's checks are in `checks_ch01_pool`).
 
 Each check builds a small allocator, works it through a few allocations, shares and
 frees whose outcome can be worked out on paper, and asserts with a message that shows
@@ -24,6 +25,7 @@ from minserve.course.checks_ch01_block_table import (
     check_full_shared_blocks_are_not_copied,
     check_write_to_a_shared_last_block_copies_it,
 )
+from minserve.course.checks_ch01_pool import POOL_CHECKS
 from minserve.kvcache import NoFreeBlocksError
 
 
@@ -160,7 +162,7 @@ TABLE_CHECKS = [
     check_full_shared_blocks_are_not_copied,
     check_forks_free_back_to_an_empty_pool,
 ]
-CHECKS = ALLOCATOR_CHECKS + TABLE_CHECKS
+CHECKS = ALLOCATOR_CHECKS + TABLE_CHECKS + POOL_CHECKS
 
 
 HINTS: dict[str, tuple[str, str, str]] = {
@@ -189,5 +191,24 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "child.blocks = self.blocks[:]; same num_tokens and _allocator; allocator.share(b) "
         "for each b. blocks_needed: free = len(self.blocks) * block_size - num_tokens; "
         "ceil((n - free) / block_size) when positive, plus 1 if _needs_copy_on_write().",
+    ),
+    "1.3": (
+        "The pool is one tensor [layers, 2 (K, V), num_blocks, block_size, Hkv, row]: a block "
+        "is the slice kv[:, :, b], so sizing it, copying it and moving it are all about that "
+        "third axis. The format says what a row holds (row_size) and costs "
+        "(bytes_per_token_head).",
+        "bytes_per_block multiplies block_size, 2, layers, KV heads and the bytes of one row. "
+        "num_blocks_for floors the budget (kv_cache_memory_bytes, or DEFAULT_KV_CACHE_BYTES) "
+        "by it, after the given count and before the too-small error. In __init__, "
+        "torch.zeros of the shape, then views kv[i, 0] and kv[i, 1] per layer. _index checks "
+        "0 <= b < num_blocks (torch would read -1 as the last block) and makes a long tensor; "
+        "the moves index kv[:, :, ids] on both sides.",
+        "copy_blocks: return on an empty list; src, dst = the two columns of the pairs, each "
+        "through _index; then one assignment kv[:, :, dst] = kv[:, :, src] (the right side is "
+        "read whole first). gather_blocks returns kv[:, :, _index(blocks)]; write_blocks "
+        "assigns data moved with .to(device, dtype, non_blocking=True) to that slice. "
+        "num_blocks_for: per_block from cls.bytes_per_block; raise holds_no_block(budget, "
+        "per_block, block_size, model_config, dtype) when budget < per_block; else "
+        "budget // per_block.",
     ),
 }

@@ -14,6 +14,9 @@ The checks of exercises 3.1 and 3.3 drive minserve's own scheduler and hand the 
 result to your `append_sampled` (3.1) and `advance_sequences` (3.3): the worker's part is
 played here, with sampled tokens chosen at random, and your update must leave every
 sequence, block and counter as minserve's does.
+
+The checks of exercise 3.4, the model runner's flat batch, are in
+`checks_ch03_flat_batch.py`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
 from minserve.config import SchedulerConfig
+from minserve.course.checks_ch03_flat_batch import (
+    FLAT_BATCH_CHECKS,
+    FLAT_BATCH_HINTS,
+    FLAT_BATCH_PROGRESS,
+)
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import RadixCache
@@ -673,6 +681,7 @@ CHECKS = [
     check_prompt_chunks_advance_and_a_finished_prefill_forks,
     check_an_aborted_sequence_is_skipped,
     check_random_steps_match_minserves_update,
+    *FLAT_BATCH_CHECKS,  # exercise 3.4: checks_ch03_flat_batch.py
 ]
 
 # What each pass of an exercise's loop must change; a check that runs past its time limit
@@ -685,6 +694,7 @@ PROGRESS = {
         "it), and admission must stop at the first waiting sequence that does not fit"
     ),
     "3.3": "each pass must move on to the next chunk",
+    "3.4": FLAT_BATCH_PROGRESS,
 }
 
 HINTS = {
@@ -741,3 +751,4 @@ HINTS["3.3"] = (
     "runner_output.num_drafts with a default of 0, and reset it to 0 after the first "
     "member.",
 )
+HINTS["3.4"] = FLAT_BATCH_HINTS

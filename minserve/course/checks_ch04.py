@@ -1,6 +1,7 @@
 """Checks for chapter 04 (chunked prefill and preemption), run against any module that
-defines `prefill_chunk`, `preemption_mode` and `HostSwapSpace`: minserve's own, the solutions, or a
-student's exercise file.
+defines `prefill_chunk`, `preemption_mode`, `HostSwapSpace` and the step-time model
+(`StepCost`, `StepCostModel`, `nonnegative_least_squares`: its checks are in
+`checks_ch04_step_cost`): minserve's own, the solutions, or a student's exercise file.
 
 The oracles are minserve's own functions and class (`minserve.scheduler.budget`,
 `minserve.scheduler.preemption`, `minserve.kvcache.swap`), the invariants of a step (never
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
 from minserve.config import SchedulerConfig
+from minserve.course.checks_ch04_step_cost import STEP_COST_CHECKS
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.swap import HostSwapSpace, SwapSpaceFullError
@@ -66,6 +68,26 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "its block count; build the operations with a tuple of the blocks, e.g. "
         "SwapOut(key, tuple(blocks)); swap_in and _release both call self.num_blocks(key), "
         "which raises KeyError for a key that was never swapped out.",
+    ),
+    "4.4": (
+        "A step's time is a sum of coefficient x feature (shape.features() lists the "
+        "features in the fields' order). Inverting it for a chunk of n prompt tokens is "
+        "linear in n; fitting it is least squares on running sums, with every coefficient "
+        "kept >= 0 (a step cannot get cheaper for running more).",
+        "max_prefill_tokens: subtract from the seconds what the decodes cost, the jump (not "
+        "if they already run a chunk) and the context cost of the `start` tokens; each "
+        "prompt token then costs per_token_s + per_context_token_s; floor the quotient, with "
+        "1e-9 of slack. observe: decay both sums, add x x^T and seconds * x, count, refit "
+        "from min_steps on. nonnegative_least_squares: keep the unconstrained solve if it "
+        "has no negative entry; else solve on each subset of features (itertools."
+        "combinations, gram[np.ix_(idx, idx)]) and keep the best nonnegative one by loss.",
+        "predict: sum(c * x over zip(astuple(self), shape.features())). max_prefill_tokens: "
+        "left = seconds - predict(decodes) - jump - per_context_token_s * start; 0 if left is "
+        "below one token's cost; sys.maxsize when a token costs nothing; else "
+        "int(left / per_token + 1e-9). observe: _gram = decay * _gram + np.outer(x, x), the "
+        "same for _moment with seconds * x. In the subset search, a candidate full vector has "
+        "zeros off idx, and its loss is full @ gram @ full - 2 * full @ moment; all zeros "
+        "score 0.",
     ),
 }
 
@@ -545,4 +567,5 @@ CHECKS = [
     check_the_swap_space_refuses_what_it_cannot_account_for,
     check_random_swaps_match_minserve,
     check_the_engines_scheduler_swaps_through_your_space,
+    *STEP_COST_CHECKS,
 ]

@@ -6,6 +6,7 @@ Every check uses blocks of 2 tokens and minserve's real `BlockAllocator`, so the
 references show in the allocator's counts. Tokens are small ints; a "request" allocates
 blocks for its prompt, inserts them, and lets go of its own references, the way the
 engine does when a request finishes. Trees are shown as nested (edge tokens, children).
+The checks of exercise 5.3, the host tier, are in `checks_ch05_host_tier.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minserve.course.checks_ch05_host_tier import (
+    HOST_TIER_CHECKS,
+    HOST_TIER_HINTS,
+    HOST_TIER_PROGRESS,
+)
 from minserve.kvcache import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import RadixCache
@@ -363,7 +369,10 @@ CHECKS = [
     check_running_sequences_rank_fcfs_ahead_of_waiting_ones,
     check_a_sequence_holding_blocks_counts_its_computed_tokens,
     check_random_queues_are_ordered_as_minserve_orders_them,
+    *HOST_TIER_CHECKS,  # exercise 5.3: checks_ch05_host_tier.py
 ]
+
+PROGRESS = {"5.3": HOST_TIER_PROGRESS}
 
 HINTS: dict[str, tuple[str, str, str]] = {
     "5.2": (
@@ -394,3 +403,4 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "`self.kv.cached_tokens(seq.token_ids)` when `seq.block_table.blocks` is empty.",
     ),
 }
+HINTS["5.3"] = HOST_TIER_HINTS

@@ -1,6 +1,7 @@
 """Checks for chapter 06 (speculative decoding), run against any module that defines
-`residual_distribution`, `rejection_sample`, `latest_earlier_match` and `NgramProposer`:
-minserve's own, the solutions, or a student's exercise file.
+`residual_distribution`, `rejection_sample`, `latest_earlier_match`, `NgramProposer`, the
+adaptive `DraftLengths` and `EarlyExitProposer`: minserve's own, the solutions, or a
+student's exercise file.
 
 Edge cases are chosen so that the answer is forced (a residual with one token left, a draft
 the target never picks); the distribution checks draw thousands of verifications with a
@@ -9,15 +10,27 @@ fixed seed and bound the total-variation distance to the target, so they are sta
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 import torch
 from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
+from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
+from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.course.nonfinite import lead_with_nonfinite
+from minserve.kvcache.paged_pool import PagedKVPool
+from minserve.messages import ScheduledChunk
+from minserve.model.llama import CausalLM
+from minserve.model.runner import ModelRunner, slot_of
+from minserve.model.sampler import Sampler, SamplingRow
+from minserve.model_config import ModelConfig
+from minserve.sampling_params import SamplingParams
 from minserve.speculative import draft_length as reference_lengths
 from minserve.speculative.config import SpeculativeConfig
+from minserve.speculative.distributions import processed_logits, row_after
 from minserve.speculative.ngram import NgramProposer, latest_earlier_match
 
 NUM_SAMPLES = 6000
@@ -335,6 +348,188 @@ def check_draft_lengths_per_sequence_match_minserves(impl: ModuleType) -> None:
     agree()
 
 
+# --- exercise 6.6: the early-exit draft, against the first layers run over the whole history -
+#
+# A tiny random 3-layer Llama in float32 serves as the target. Each decode's earlier tokens are
+# prefilled into a paged pool by the target (every layer), exactly as the engine leaves them;
+# the oracle runs the first L layers over the whole history (contiguous attention, no paged KV
+# at all) and takes the argmax, or the processed q, at the last position, one draft at a time.
+
+EXIT_CONFIG = ModelConfig(
+    architecture="llama", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=3,
+    num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-6, rope_theta=10_000.0,
+    max_position_embeddings=128, tie_word_embeddings=False,
+)  # fmt: skip
+EXIT_BLOCK_SIZE = 4
+GREEDY = SamplingParams(temperature=0)
+# frequency and presence penalties count output tokens: the q of draft j differs when the
+# drafts before it are not counted as output (`row_after`)
+SAMPLING = SamplingParams(temperature=0.8, top_k=24, frequency_penalty=1.5, presence_penalty=0.5)
+
+
+@functools.cache
+def _exit_model() -> CausalLM:
+    torch.manual_seed(6)
+    model = CausalLM(EXIT_CONFIG).eval()
+    with torch.no_grad():  # small embeddings: attention over the context, not the token, leads
+        model.model.embed_tokens.weight.mul_(0.05)
+    return model
+
+
+@dataclass
+class _Decodes:
+    """A target runner whose pool holds each history's earlier tokens, and its decode chunks."""
+
+    runner: ModelRunner
+    chunks: list[ScheduledChunk]
+
+
+def _decodes(histories: list[list[int]], limits: list[int], params: SamplingParams) -> _Decodes:
+    """Each history's tokens but the last prefilled by the target; decode chunks of the last
+    token, with slots for `limits[i]` drafts after it (as the scheduler reserves them)."""
+    model = _exit_model()
+    pool = PagedKVPool(EXIT_CONFIG, 48, EXIT_BLOCK_SIZE, torch.float32, "cpu")
+    runner = ModelRunner(model, pool, TorchPagedAttention)
+    # scattered blocks, as a pool in use hands them out; room for a few slots past the limit,
+    # so that drafting too far shows up as a wrong slot, not a crash
+    free = iter(torch.randperm(pool.num_blocks - 1, generator=_generator(6)).add(1).tolist())
+    chunks = []
+    for i, (history, limit) in enumerate(zip(histories, limits, strict=True)):
+        blocks = tuple(next(free) for _ in range(-(-(len(history) + 4) // EXIT_BLOCK_SIZE)))
+        runner.run([ScheduledChunk(i, str(i), tuple(history[:-1]), 0, blocks)])
+        row = SamplingRow(params, history[:-1], history[-1:], torch.Generator().manual_seed(i))
+        decode = ScheduledChunk(i, str(i), (history[-1],), len(history) - 1, blocks, (row,))
+        chunks.append(replace(decode, num_draft_slots=limit, num_prompt_tokens=len(history) - 1))
+    return _Decodes(runner, chunks)
+
+
+@torch.inference_mode()
+def _exit_logits(tokens: list[int], num_layers: int) -> torch.Tensor:
+    """The oracle: logits [vocab] after `tokens`, from the first `num_layers` layers run over
+    the whole sequence with contiguous attention (no paged pool involved)."""
+    model, n = _exit_model(), len(tokens)
+    kv = SequenceKV(EXIT_CONFIG, n, torch.float32, torch.device("cpu"))
+    attention = ContiguousAttention([ContiguousSlice(kv, 0, n)])
+    hidden = model(torch.tensor(tokens), torch.arange(n), attention, num_layers)  # [n, hidden]
+    return model.compute_logits(hidden[-1:])[0]
+
+
+def _greedy_exit(history: list[int], k: int, num_layers: int) -> list[int]:
+    """The oracle's k greedy drafts: argmax of the early exit, one token at a time."""
+    drafts: list[int] = []
+    for _ in range(k):
+        drafts.append(int(_exit_logits(history + drafts, num_layers).argmax()))
+    return drafts
+
+
+def _propose(impl: ModuleType, decodes: _Decodes, limits: list[int], num_layers: int) -> list:
+    config = SpeculativeConfig("early_exit", max(max(limits), 1), num_draft_layers=num_layers)
+    proposer = impl.EarlyExitProposer(config, decodes.runner)
+    drafts = proposer.propose(decodes.chunks, list(limits))
+    assert len(drafts) == len(decodes.chunks), (
+        f"propose for {len(decodes.chunks)} decodes: expected one Draft each, got {len(drafts)}"
+    )
+    return drafts
+
+
+def check_early_exit_drafts_what_the_first_layers_predict(impl: ModuleType) -> None:
+    """One greedy decode, 4 drafts: the argmax of the first L layers after each, L = 1 and 2"""
+    history = [5, 17, 3, 40, 22, 9, 31]
+    for num_layers in (1, 2):
+        decodes = _decodes([history], [4], GREEDY)
+        (draft,) = _propose(impl, decodes, [4], num_layers)
+        expected = _greedy_exit(history, 4, num_layers)
+        assert list(draft.token_ids) == expected, (
+            f"early exit after {num_layers} of 3 layers, greedy, history {history} (its last "
+            f"token is the decode's, at position {len(history) - 1}), limit 4: expected drafts "
+            f"{expected} (the argmax of the first {num_layers} layers run over the whole "
+            f"history and the drafts before), got {list(draft.token_ids)}"
+        )
+
+
+def check_each_decode_in_a_batch_drafts_up_to_its_own_limit(impl: ModuleType) -> None:
+    """Three decodes of different lengths, limits [3, 0, 1]: each its own drafts, no more"""
+    histories = [[5, 17, 3, 40, 22], [8, 8, 2], [61, 7, 30, 30, 12, 4, 19, 50, 2]]
+    limits = [3, 0, 1]
+    decodes = _decodes(histories, limits, GREEDY)
+    got = [list(d.token_ids) for d in _propose(impl, decodes, limits, 2)]
+    expected = [_greedy_exit(h, k, 2) for h, k in zip(histories, limits)]
+    assert got == expected, (
+        f"a batch of 3 greedy decodes (histories {histories}, limits {limits}, early exit "
+        f"after 2 of 3 layers): expected drafts {expected} (each at most its own limit, each "
+        f"from its own positions and blocks), got {got}"
+    )
+
+
+def check_drafting_writes_only_the_reserved_slots_of_the_first_layers(impl: ModuleType) -> None:
+    """Round j writes the newest token's K/V at position start + j, layers < L, nowhere else"""
+    histories, limits, num_layers = [[5, 17, 3, 40, 22], [61, 7, 30, 30, 12, 4]], [3, 2], 2
+    decodes = _decodes(histories, limits, GREEDY)
+    pool = decodes.runner.kv.kv  # [num_layers, 2, num_blocks, block_size, Hkv, D]
+    before = pool.clone()
+    _propose(impl, decodes, limits, num_layers)
+    changed = (pool != before).flatten(2, 3).flatten(3).any(dim=-1)  # [layers, 2, slots]
+    expected = torch.zeros_like(changed)
+    for chunk, limit in zip(decodes.chunks, limits):
+        for position in range(chunk.start, chunk.start + limit):
+            expected[:num_layers, :, slot_of(chunk.block_table, EXIT_BLOCK_SIZE, position)] = True
+    if not torch.equal(changed, expected):
+        wrong = sorted({int(s) for s in (changed & ~expected).nonzero()[:, 2]})
+        missed = sorted({int(s) for s in (expected & ~changed).nonzero()[:, 2]})
+        deep = bool(changed[num_layers:].any())
+        raise AssertionError(
+            f"2 decodes (starts {[c.start for c in decodes.chunks]}, block tables "
+            f"{[list(c.block_table) for c in decodes.chunks]}, block size {EXIT_BLOCK_SIZE}), "
+            f"limits {limits}, early exit after {num_layers} of 3 layers: round j should write "
+            f"K/V only at the slot of position start + j of each sequence, in layers below "
+            f"{num_layers}. Slots written that should not be: {wrong}; slots expected but not "
+            f"written: {missed}" + ("; layers past the exit were written too" if deep else "")
+        )
+
+
+def check_sampling_drafts_come_with_the_early_exits_processed_q(impl: ModuleType) -> None:
+    """A sampling row: q's row j is the processed early exit after the drafts before j"""
+    history, k, num_layers = [5, 17, 3, 40, 22, 9, 31], 4, 2
+    decodes = _decodes([history], [k], SAMPLING)
+    (draft,) = _propose(impl, decodes, [k], num_layers)
+    tokens = list(draft.token_ids)
+    assert len(tokens) == k and draft.probs is not None, (
+        f"a sampling decode (temperature 0.8, top_k 24), limit {k}: expected {k} drafts with "
+        f"their q rows [{k}, vocab] in Draft.probs, got {len(tokens)} drafts and probs "
+        f"{None if draft.probs is None else list(draft.probs.shape)}"
+    )
+    row, sampler = decodes.chunks[0].samples[0], Sampler()
+    for j in range(k):
+        logits = _exit_logits(history + tokens[:j], num_layers)[None]  # [1, vocab]
+        expected = processed_logits(sampler, logits, [row_after(row, tokens[:j])]).softmax(-1)[0]
+        got = draft.probs[j].float()
+        assert torch.allclose(got, expected, atol=1e-5), lead_with_nonfinite(
+            got,
+            f"a sampling decode (temperature 0.8, top_k 24, frequency and presence penalties), "
+            f"history {history}, drafts {tokens}: q's row {j} should be the early exit's "
+            f"processed distribution after drafts {tokens[:j]}, counted as output; off by up "
+            f"to {float((got - expected).abs().max()):.3g}",
+        )
+        assert expected[tokens[j]] > 0, (
+            f"draft {j} ({tokens[j]}) has probability 0 under its own q: it was not drawn from it"
+        )
+
+
+def check_a_row_that_cannot_be_sampled_stops_only_its_sequence(impl: ModuleType) -> None:
+    """NaN K/V in one decode's blocks: it drafts nothing; the other still drafts its 3"""
+    histories, limits = [[5, 17, 3, 40, 22], [61, 7, 30, 30, 12, 4]], [3, 3]
+    decodes = _decodes(histories, limits, GREEDY)
+    poisoned = list(decodes.chunks[0].block_table)
+    decodes.runner.kv.kv[:, :, poisoned] = float("nan")  # sequence 0's logits will be NaN
+    got = [list(d.token_ids) for d in _propose(impl, decodes, limits, 2)]
+    expected = [[], _greedy_exit(histories[1], 3, 2)]
+    assert got == expected, (
+        f"2 greedy decodes, limits {limits}, the first one's K/V all NaN (its early-exit logits "
+        f"are NaN, so choose_drafts gives None): expected drafts {expected} (the first stops, "
+        f"the second goes on), got {got}"
+    )
+
+
 CHECKS = [
     check_the_residual_keeps_only_what_the_target_wants_more_of,
     check_the_residual_of_a_one_hot_draft_is_the_target_without_it,
@@ -351,6 +546,11 @@ CHECKS = [
     check_the_best_draft_length_follows_the_acceptance_rate,
     check_the_acceptance_estimate_counts_tested_drafts,
     check_draft_lengths_per_sequence_match_minserves,
+    check_early_exit_drafts_what_the_first_layers_predict,
+    check_each_decode_in_a_batch_drafts_up_to_its_own_limit,
+    check_drafting_writes_only_the_reserved_slots_of_the_first_layers,
+    check_sampling_drafts_come_with_the_early_exits_processed_q,
+    check_a_row_that_cannot_be_sampled_stops_only_its_sequence,
 ]
 
 HINTS: dict[str, tuple[str, str, str]] = {
@@ -409,5 +609,20 @@ HINTS["6.5"] = (
     "its g. A rejection tests one more draft than were accepted, which happened exactly "
     "when fewer were accepted than drafted (a bool adds as 0 or 1). dict.setdefault with "
     "a fresh AcceptanceEstimate() makes the estimate on first use.",
+)
+HINTS["6.6"] = (
+    "The draft is the target cut short: its first L layers, then the final norm and LM head. "
+    "Those layers' K/V of every earlier token are already in the target's pool (same weights, "
+    "same tokens), so a draft round is a decode of one token per sequence through L layers, "
+    "each round reading the K/V the round before wrote.",
+    "_draft_logits: sequence i's newest token is its last draft (its chunk's own token at "
+    "first) at position start + len(drafts[i]); one query token each, a context up to and "
+    "including that position, its slot through the block table, one logits row per "
+    "sequence; then runner.forward with num_layers (propose, given, calls it once a round).",
+    "positions = [c.start + len(d) ...]; tokens = the last draft, else c.token_ids[-1]; "
+    "AttentionMetadata.build with query_lens of 1, context_lens = position + 1, the chunks' "
+    "block tables and slot_of(c.block_table, block size, position) for the slots; "
+    "ModelInputs with those ids and positions and sample_indices = torch.arange(B); "
+    "self.runner.forward(inputs, num_layers=self.num_layers).",
 )
 PROGRESS = {"6.5": "best_draft_length must visit each g from 1 to k once"}

@@ -1,5 +1,6 @@
 """Checks for chapter 08 (disaggregation), run against any module that defines
-`TransferRule` and `admit`: minserve's own, the solutions, or a student's exercise file.
+`TransferRule`, `admit`, the hand-off's two sides and the simulator's `simulate`:
+minserve's own, the solutions, or a student's exercise file.
 
 The link and the prefill speed are round numbers so every estimate can be worked out on
 paper: latency 0.5 s, bandwidth 1000 B/s, so 500 KV bytes take 0.5 + 500 / 1000 = 1.0 s;
@@ -10,6 +11,11 @@ with 16 blocks, a decode engine with 4, blocks of 16 tokens) against a scripted 
 can drop an acknowledgement, refuse an offer, or never send the blocks; after each, no
 block is left held on either side, and a request that arrived decodes to the tokens the
 engine gives it colocated.
+
+The simulator checks (8.5) use round step costs (10 ms a step, 1 ms a prompt token, 2 ms
+a decoding sequence, 1000 KV bytes a token over a 1 MB/s link), so every timeline can be
+worked out on paper; a Poisson workload on several shapes then checks what must hold
+whatever the order of events.
 """
 
 from __future__ import annotations
@@ -17,12 +23,18 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import traceback
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from minserve.disagg.costs import StepCosts
 from minserve.disagg.kv_transfer import KVAck, KVOffer
+from minserve.disagg.sim_instance import SimState
+from minserve.disagg.simulator import ClusterShape, SimConfig
+from minserve.disagg.workload import SimRequest, poisson_workload
 from minserve.sampling_params import SamplingParams
 
 LATENCY_S, BANDWIDTH, KV_BYTES, S_PER_TOKEN = 0.5, 1000.0, 500, 0.25
@@ -424,6 +436,149 @@ def check_the_receiver_drops_what_it_admitted_when_the_ack_fails(impl: ModuleTyp
     )
 
 
+# --- exercise 8.5: the simulator's event loop, on timelines worked out by hand ---
+
+SIM_COSTS = StepCosts(base_s=0.010, per_prefill_token_s=0.001, per_decode_seq_s=0.002,
+                      kv_bytes_per_token=1000)  # fmt: skip
+SIM_CONFIG = SimConfig(max_num_batched_tokens=512, max_num_seqs=8, transfer_bandwidth_bytes_s=1e6)
+DECODE_STEP = 0.012  # one step decoding one sequence: 10 ms + 2 ms
+
+
+def _simulated(impl: ModuleType, work: list[SimRequest], shape: ClusterShape, config=SIM_CONFIG):
+    """The student's `simulate`; its requests, which must be the workload's, in order."""
+    try:
+        requests = impl.simulate(work, shape, SIM_COSTS, config).requests
+    except ValueError as error:
+        if traceback.extract_tb(error.__traceback__)[-1].name != "finish_step":
+            raise
+        raise AssertionError(
+            f"simulate({len(work)} requests, {shape.label}): an instance finished a step that "
+            f"decoded a request it no longer runs ({error}): two steps of one instance "
+            "overlapped. An instance is busy from the start of its step to its step_done "
+            "event, and starts nothing in between."
+        ) from error
+    arrivals = [r.arrival_s for r in requests]
+    assert arrivals == [w.arrival_s for w in work], (
+        f"simulate({len(work)} requests, {shape.label}): expected one RequestTimes per request "
+        f"in the workload's order (arrivals {[w.arrival_s for w in work]}), got arrivals "
+        f"{arrivals}"
+    )
+    return requests
+
+
+def _expect_times(what: str, got: list[tuple[float, ...]], expected: list[tuple[float, ...]]):
+    close = len(got) == len(expected) and all(
+        math.isclose(g, e, rel_tol=1e-9, abs_tol=1e-12)
+        for gs, es in zip(got, expected)
+        for g, e in zip(gs, es)
+    )
+    rounded = [tuple(round(t, 6) for t in times) for times in got]
+    assert close, f"{what}: expected {expected}, got {rounded}"
+
+
+def check_one_colocated_request_is_one_prefill_step_then_decode_steps(impl: ModuleType) -> None:
+    """1 colocated instance, 100 prompt tokens, 5 output: first token 0.110 s, last 0.158 s"""
+    (r,) = _simulated(impl, [SimRequest(0.0, 100, 5)], ClusterShape(num_colocated=1))
+    _expect_times(
+        "one request (arrival 0 s, 100 prompt tokens, 5 output) on 1 colocated instance, "
+        "(first token, finish) in s: one prefill step of 0.010 + 100 x 0.001, then 4 decode "
+        "steps of 0.010 + 0.002",
+        [(r.first_token_s, r.finish_s)],
+        [(0.110, 0.110 + 4 * DECODE_STEP)],
+    )
+
+
+def check_a_hand_off_costs_latency_plus_bytes_over_bandwidth(impl: ModuleType) -> None:
+    """1P1D, 50 ms latency: 100 tokens' KV takes 0.05 + 100 x 1000 / 1e6 = 0.15 s to land"""
+    config = replace(SIM_CONFIG, transfer_latency_s=0.05)
+    shape = ClusterShape(num_prefill=1, num_decode=1)
+    spec = SimRequest(1.0, 100, 5)
+    seconds = impl.ClusterRun(shape, SIM_COSTS, config).transfer_s(SimState(spec, 100))
+    assert math.isclose(seconds, 0.15), (
+        "transfer_s of a 100-token prompt (1000 KV bytes a token, 1e6 B/s, 0.05 s latency): "
+        f"expected 0.05 + 100000 / 1e6 = 0.15 s, got {seconds}"
+    )
+    (r,) = _simulated(impl, [spec], shape, config)
+    _expect_times(
+        "one request (arrival 1 s, 100 prompt tokens, 5 output) on 1P1D, (first token, "
+        "finish) in s: the first token when the prefill step ends, then 0.15 s of KV "
+        "transfer before the decode instance's 4 steps",
+        [(r.first_token_s, r.finish_s)],
+        [(1.110, 1.110 + 0.15 + 4 * DECODE_STEP)],
+    )
+
+
+def check_the_kv_goes_to_the_least_loaded_decode_instance(impl: ModuleType) -> None:
+    """1P2D: A decodes on one instance, so B's KV goes to the other and B decodes alone"""
+    work = [SimRequest(0.0, 10, 10), SimRequest(0.025, 10, 10)]
+    a, b = _simulated(impl, work, ClusterShape(num_prefill=1, num_decode=2))
+    # A: prefill [0, 0.020], KV lands at 0.030, 9 decode steps alone
+    # B: prefill [0.025, 0.045], KV lands at 0.055 on the idle instance, 9 steps alone
+    _expect_times(
+        "1P2D, A (arrival 0 s) and B (0.025 s), 10 prompt and 10 output tokens each, "
+        "(first token, finish) of A and B in s: B's KV must go to the decode instance "
+        "that is not decoding A, so each decodes alone in steps of 0.012 s",
+        [(a.first_token_s, a.finish_s), (b.first_token_s, b.finish_s)],
+        [(0.020, 0.030 + 9 * DECODE_STEP), (0.045, 0.055 + 9 * DECODE_STEP)],
+    )
+
+
+def check_arrivals_join_the_least_loaded_front_instance(impl: ModuleType) -> None:
+    """2 colocated instances, 2 requests at t = 0: one each, both first tokens at 0.110 s"""
+    work = [SimRequest(0.0, 100, 2), SimRequest(0.0, 100, 2)]
+    got = [(r.first_token_s, r.finish_s) for r in
+           _simulated(impl, work, ClusterShape(num_colocated=2))]  # fmt: skip
+    _expect_times(
+        "2 colocated instances, 2 requests arriving at 0 s (100 prompt tokens, 2 output "
+        "each), (first token, finish) in s: the second must join the idle instance",
+        got,
+        [(0.110, 0.110 + DECODE_STEP)] * 2,
+    )
+
+
+def check_a_busy_instance_finishes_its_step_before_starting_another(impl: ModuleType) -> None:
+    """B arrives while A's decode step runs: B's prefill starts when that step ends"""
+    work = [SimRequest(0.0, 10, 3), SimRequest(0.025, 200, 1)]
+    a, b = _simulated(impl, work, ClusterShape(num_colocated=1))
+    # A: prefill [0, 0.020], decode [0.020, 0.032]; B arrives at 0.025 and waits; the
+    # next step prefills B's 200 tokens and decodes A: [0.032, 0.032 + 0.212]
+    _expect_times(
+        "1 colocated instance, A (arrival 0 s, 10 prompt tokens, 3 output) and B (0.025 s, "
+        "200 prompt tokens, 1 output), (first token, finish) of A and B in s: B arrives "
+        "during A's decode step [0.020, 0.032] and waits for its end",
+        [(a.first_token_s, a.finish_s), (b.first_token_s, b.finish_s)],
+        [(0.020, 0.244), (0.244, 0.244)],
+    )
+
+
+def check_a_poisson_workload_keeps_every_request_s_bounds(impl: ModuleType) -> None:
+    """60 Poisson arrivals on 2 colocated, 1P1D and 2P1D: no request beats its own work"""
+    work = poisson_workload(rate=20, num_requests=60, prompt_len=(20, 300), output_len=(1, 20))
+    for shape in (ClusterShape(num_colocated=2), ClusterShape(num_prefill=1, num_decode=1),
+                  ClusterShape(num_prefill=2, num_decode=1)):  # fmt: skip
+        disaggregated = shape.num_decode > 0
+        for i, (r, spec) in enumerate(zip(_simulated(impl, work, shape), work)):
+            prefill = SIM_COSTS.base_s + spec.prompt_len * SIM_COSTS.per_prefill_token_s
+            transfer = spec.prompt_len * 1000 / 1e6 if disaggregated else 0.0
+            decodes = (spec.output_len - 1) * DECODE_STEP
+            least = (prefill, transfer + decodes if spec.output_len > 1 else 0.0)
+            got = (r.first_token_s - r.arrival_s, r.finish_s - r.first_token_s)
+            assert spec.output_len > 1 or got[1] == 0.0, (
+                f"{shape.label}, request {i} of a Poisson workload (arrival "
+                f"{spec.arrival_s:.4f} s, {spec.prompt_len} prompt tokens, 1 output): its only "
+                f"token is its first, so it finishes there; got {got[1]:.4f} s later (a "
+                "finished request handed off or decoded again?)"
+            )
+            assert got[0] >= least[0] - 1e-9 and got[1] >= least[1] - 1e-9, (
+                f"{shape.label}, request {i} of a Poisson workload (arrival {spec.arrival_s:.4f} "
+                f"s, {spec.prompt_len} prompt tokens, {spec.output_len} output): its time to "
+                f"first token must be at least one prefill of its prompt ({least[0]:.4f} s) "
+                f"and first token to finish at least its KV transfer plus its decode steps "
+                f"({least[1]:.4f} s); got {got[0]:.4f} s and {got[1]:.4f} s (events out of "
+                "time order, or steps that overlap?)"
+            )
+
+
 CHECKS = [
     check_a_long_prompt_is_transferred,
     check_a_short_prompt_is_recomputed,
@@ -443,6 +598,12 @@ CHECKS = [
     check_the_receiver_takes_a_recompute_offer_and_says_so,
     check_the_receiver_drops_what_it_admitted_when_the_kv_never_comes,
     check_the_receiver_drops_what_it_admitted_when_the_ack_fails,
+    check_one_colocated_request_is_one_prefill_step_then_decode_steps,
+    check_a_hand_off_costs_latency_plus_bytes_over_bandwidth,
+    check_the_kv_goes_to_the_least_loaded_decode_instance,
+    check_arrivals_join_the_least_loaded_front_instance,
+    check_a_busy_instance_finishes_its_step_before_starting_another,
+    check_a_poisson_workload_keeps_every_request_s_bounds,
 ]
 
 
@@ -497,3 +658,22 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "(seq, ack) pairs.",
     ),
 }
+
+HINTS["8.5"] = (
+    "A discrete-event simulation never ticks a clock: it jumps from one event to the next "
+    "earliest one (an arrival, the end of an instance's step, a prompt's KV landing on a "
+    "decode instance), and handling an event may schedule later ones. An instance runs one "
+    "step at a time; whenever it becomes idle, or gets work while idle, it plans its next.",
+    "replay: a SimState per request, an arrive event for each, then pop the heap until it "
+    "is empty, dispatching on the kind (arrivals to the least-loaded front instance, landed "
+    "KV to its decode instance, both through _enqueue; step ends to _step_done). _start: "
+    "nothing if busy or if plan() gives None; else mark it busy and push its step_done at "
+    "now + the step's cost. _step_done: idle again, hand off each completed prefill that "
+    "still has tokens to produce (prefill instances only), then _start. _hand_off: the "
+    "least-loaded decoder now, a kv_landed event transfer_s later.",
+    "heapq.heappop(self.events) gives (now, tie-break, kind, what); min(instances, "
+    "key=lambda i: i.load) picks the least loaded; the step's cost is "
+    "self.costs.step_time(step.prefill_tokens, len(step.decodes)); a completed prefill is "
+    "handed off only when instance.role is 'prefill' and the state is not done; the KV's "
+    "bytes are the prompt length times costs.kv_bytes_per_token.",
+)

@@ -1,12 +1,15 @@
 """Checks for chapter 12 (structured output), run against any module that defines
 `apply_token_bitmask`, `choice_dfa`, `walk`, `token_masks`, `ChoiceMatcher`,
-`rollback_states` and `forced_text`: minserve's own, the solutions, or a student's file.
+`rollback_states`, `forced_text`, `can_end`, `parse_alternatives` and `productive_rules`:
+minserve's own, the solutions, or a student's file.
 
-The oracles are real: a bit-by-bit torch loop for 12.1, and xgrammar (the engine's grammar
-library) for the rest: its token masks at every state of a choice's DFA, its matcher's
-answers on random walks with rollbacks, its jump-forward string. Two vocabularies: a
-hand-made one of 70 tokens (not a multiple of 32; one special token, one EOS) that xgrammar
-reads as raw strings, and SmolLM2's own 49,152 as the engine decodes them.
+The oracles are real: a bit-by-bit torch loop for 12.1, xgrammar (the engine's grammar
+library) for 12.2-12.4: its token masks at every state of a choice's DFA, its matcher's
+answers on random walks with rollbacks, its jump-forward string; for 12.5, hand-worked
+grammars and JSON schemas in xgrammar's print, and 300 random grammars whose shortest text
+(or the lack of one) is worked out on the grammar as written, before xgrammar rewrites it. Two
+vocabularies: a hand-made one of 70 tokens (not a multiple of 32; one special token, one
+EOS) that xgrammar reads as raw strings, and SmolLM2's own 49,152 as the engine decodes them.
 """
 
 from __future__ import annotations
@@ -480,6 +483,253 @@ def _forced_tokens_with(impl: ModuleType):
     return forced_tokens
 
 
+# Exercise 12.5: whether a grammar can end.
+_T = ("terminal", None)
+
+
+def _r(name: str) -> tuple[str, str]:
+    return ("rule", name)
+
+
+def _g(*alternatives: list) -> tuple[str, list]:
+    return ("group", list(alternatives))
+
+
+def _rules(text: str) -> dict[str, list]:
+    """`name ::= body` lines read by minserve's own parser (the input of productive_rules)."""
+    from minserve.structured import grammar_ends
+
+    rules = {}
+    for line in text.splitlines():
+        name, _, body = line.partition("::=")
+        tokens = grammar_ends.rule_tokens(body)
+        rules[name.strip()] = grammar_ends.parse_alternatives(tokens, 0)[0]
+    return rules
+
+
+PRODUCTIVE_CASES = [  # (rules, the productive ones)
+    ('root ::= a\na ::= b\nb ::= "x"', {"root", "a", "b"}),  # found in reverse order
+    ('root ::= "a" root', set()),
+    ('root ::= "a" root | "b"', {"root"}),
+    ("root ::= a\na ::= root", set()),  # each waits for the other
+    ('root ::= "a" root?', {"root"}),
+    ('root ::= ("a" root | b)\nb ::= "c" b{1, 2}', set()),
+    ('root ::= x{0, 3} y\ny ::= ([a-z] y) | [a-z]\nx ::= "q" x', {"root", "y"}),
+    ("root ::= undefined", set()),  # named, never defined
+    ('root ::= "" | root', {"root"}),
+    ('root ::= (a b) | (b c)\na ::= "a" a\nb ::= "b"\nc ::= c+ | "c"', {"root", "b", "c"}),
+    ('root ::= a b\na ::= b | "a"\nb ::= a "x"', {"root", "a", "b"}),  # b ends via a's "a"
+]
+
+
+def check_productive_rules_is_a_fixpoint_over_the_rules(impl: ModuleType) -> None:
+    """productive_rules finds every rule that can end, whatever their order (a fixpoint).
+    Small grammars: rules listed before those they need (one pass cannot settle them),
+    mutual recursion, optional items, groups, a rule never defined."""
+    for text, expected in PRODUCTIVE_CASES:
+        got = impl.productive_rules(_rules(text))
+        assert set(got) == expected, (
+            f"productive_rules of the rules\n{text}\nexpected {sorted(expected)}, got {sorted(got)}"
+        )
+
+
+PARSE_CASES = [  # (body, start, alternatives, end)
+    ('"a" root', 0, [[(_T, False), (_r("root"), False)]], 2),
+    ('"a" | [b-c] c', 0, [[(_T, False)], [(_T, False), (_r("c"), False)]], 4),
+    (
+        "x* y+ z? w{0, 3} v{2, -1}", 0,
+        [[(_r("x"), True), (_r("y"), False), (_r("z"), True), (_r("w"), True),
+          (_r("v"), False)]],
+        10,
+    ),
+    (
+        '(("a" root) | (root_1{0, 3}))', 0,
+        [[(_g([(_g([(_T, False), (_r("root"), False)]), False)],
+              [(_g([(_r("root_1"), True)]), False)]), False)]],
+        11,
+    ),
+    ('"a" ) "b"', 0, [[(_T, False)]], 1),  # stops at a ")" it does not open
+    ('( "a" | b ) c', 1, [[(_T, False)], [(_r("b"), False)]], 4),  # inside a group
+    ('("" | ("-"))', 0, [[(_g([(_T, False)], [(_g([(_T, False)]), False)]), False)]], 7),
+]  # fmt: skip
+UNREADABLE_BODIES = ['"a" | *', '( "a"', '"a" * *', '? "a"', '("a" | (b)']
+
+
+def check_parse_alternatives_reads_items_groups_and_quantifiers(impl: ModuleType) -> None:
+    """parse_alternatives reads items, groups and quantifiers, and refuses nonsense.
+    Sequences, "|", nested groups, each quantifier (*, +, ?, {0, n}, {m, n}), the ")" that
+    ends a group; None for an op where an item should be, or a "(" never closed."""
+    from minserve.structured.grammar_ends import rule_tokens
+
+    for body, start, expected, end in PARSE_CASES:
+        tokens = rule_tokens(body)
+        got = impl.parse_alternatives(tokens, start)
+        assert tuple(got) == (expected, end), (
+            f"parse_alternatives(tokens of {body!r}, {start}), tokens {tokens}:\nexpected "
+            f"({expected}, {end}),\ngot {tuple(got)}"
+        )
+    for body in UNREADABLE_BODIES:
+        tokens = rule_tokens(body)
+        got = impl.parse_alternatives(tokens, 0)
+        assert got[0] is None, (
+            f"parse_alternatives(tokens of {body!r}, 0), tokens {tokens}: they make no "
+            f"sense, so expected (None, i), got {tuple(got)}"
+        )
+
+
+ENDS_EBNF = [  # (grammar, can end); compiled by xgrammar, its print read
+    ('root ::= "a" root', False),
+    ('root ::= "a" root | "b"', True),
+    ('root ::= ra "a"\nra ::= root | "b"', True),  # a lookahead (=("a")) in the print
+    ('root ::= ra\nra ::= rb "x"\nrb ::= ra', False),
+    ("root ::= [a-z]+ root", False),
+    ('root ::= ("a" root)* "c"', True),
+    ('root ::= "a" item{2, 4} "b"\nitem ::= "x" item | [0-9]', True),
+    ('root ::= "(" list ")"\nlist ::= item ("," item)*\nitem ::= "x" | "(" list ")"', True),
+    ('root ::= "a" b\nb ::= "b" root', False),
+    ('root ::= a b\na ::= b | "a"\nb ::= a "x"', True),  # a depth-first search meets a again
+]
+ENDS_SCHEMAS = [  # (JSON schema, can end)
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, False),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}}, True),
+    ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, False),
+    (
+        {
+            "type": "object", "required": ["name", "children"],
+            "properties": {
+                "name": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#"}},
+            },
+        },
+        True,
+    ),
+]  # fmt: skip
+ENDS_TEXTS = [  # (text, root, can end): texts xgrammar does not print
+    ('start ::= "a" start', "root", True),  # no rule named root: not proven
+    ('start ::= "a" start', "start", False),
+    ('# a comment line\nroot ::= "a" root', "root", False),
+    ('root ::= "a" root @', "root", True),  # a token this reader does not know
+    ('root ::= ("a" root', "root", True),  # a "(" never closed
+    ('root ::= "a" root )', "root", True),  # a ")" never opened: tokens left over
+]
+
+
+@cache
+def _printed_hand_grammars() -> list[tuple[str, str, bool]]:
+    """(what, xgrammar's print of the compiled grammar, can end) for the hand-made ones."""
+    import json
+
+    compiler = _hand_xgrammar()
+    out = [(text, str(compiler.compile_grammar(text).grammar), ends) for text, ends in ENDS_EBNF]
+    for schema, ends in ENDS_SCHEMAS:
+        text = json.dumps(schema)
+        compiled = compiler.compile_json_schema(text, any_whitespace=True, max_whitespace_cnt=16)
+        out.append((f"the JSON schema {text}", str(compiled.grammar), ends))
+    return out
+
+
+def check_can_end_on_what_xgrammar_prints(impl: ModuleType) -> None:
+    """can_end on grammars and JSON schemas as xgrammar prints them, and on odd texts.
+    The print of the compiled grammar is what the engine hands over (a schema that requires
+    itself among them); then texts with no root, or that cannot be read."""
+    for what, printed, expected in _printed_hand_grammars():
+        got = impl.can_end(printed)
+        assert got == expected, (
+            f"can_end of {what}, which xgrammar prints as\n{printed}expected {expected}, got {got}"
+        )
+    for text, root, expected in ENDS_TEXTS:
+        got = impl.can_end(text, root)
+        assert got == expected, f"can_end({text!r}, root={root!r}): expected {expected}, got {got}"
+
+
+_QUANTIFIERS = ("", "", "", "", "*", "+", "?", "{0,2}", "{1,2}", "{2,3}")
+_FEWEST = {"": 1, "*": 0, "+": 1, "?": 0, "{0,2}": 0, "{1,2}": 1, "{2,3}": 2}
+_TERMINALS = {'"a"': "a", '"bc"': "bc", "[a-c]": "a", '""': ""}
+
+
+def _random_alternatives(rng: random.Random, names: list[str], depth: int) -> list:
+    """A rule's body: [[((kind, value), quantifier), ...], ...] (kind "t", "r" or "g")."""
+    body = []
+    for _ in range(rng.randint(1, 3)):
+        sequence = []
+        for _ in range(rng.randint(1, 3)):
+            kind = rng.choices("trg", (3, 5, 2 if depth else 0))[0]
+            if kind == "t":
+                value = rng.choice(list(_TERMINALS))
+            elif kind == "r":
+                value = rng.choice(names)
+            else:
+                value = _random_alternatives(rng, names, depth - 1)
+            quantifier = rng.choice(_QUANTIFIERS) if value != '""' else ""
+            sequence.append(((kind, value), quantifier))
+        body.append(sequence)
+    return body
+
+
+def _ebnf(body: list) -> str:
+    def item(kind: str, value, quantifier: str) -> str:
+        return (f"({_ebnf(value)})" if kind == "g" else value) + quantifier
+
+    return " | ".join(" ".join(item(k, v, q) for (k, v), q in seq) for seq in body)
+
+
+def _shortest_texts(rules: dict[str, list]) -> dict[str, str | None]:
+    """The shortest text each rule derives (None: none), by relaxing until nothing
+    changes: the oracle, on the grammar as written (xgrammar's rewrite of it not read)."""
+
+    def of_item(kind: str, value, quantifier: str) -> str | None:
+        if _FEWEST[quantifier] == 0:
+            return ""
+        text = _TERMINALS[value] if kind == "t" else best[value] if kind == "r" else of(value)
+        return None if text is None else text * _FEWEST[quantifier]
+
+    def of(body: list) -> str | None:
+        texts = []
+        for seq in body:
+            parts = [of_item(k, v, q) for (k, v), q in seq]
+            if all(part is not None for part in parts):
+                texts.append("".join(parts))  # type: ignore[arg-type]
+        return min(texts, key=lambda t: (len(t), t)) if texts else None
+
+    best: dict[str, str | None] = dict.fromkeys(rules)
+    while (relaxed := {name: of(body) for name, body in rules.items()}) != best:
+        best = relaxed
+    return best
+
+
+@cache
+def random_grammars(count: int = 300) -> list[tuple[str, str, str | None]]:
+    """(grammar, xgrammar's print of it, root's shortest text or None), smallest first."""
+    import xgrammar as xgr
+
+    rng = random.Random(12)
+    grammars = []
+    for _ in range(count):
+        names = ["root", "ra", "rb", "rc"][: rng.randint(1, 4)]
+        rules = {name: _random_alternatives(rng, names, 1) for name in names}
+        text = "\n".join(f"{name} ::= {_ebnf(body)}" for name, body in rules.items())
+        printed = str(xgr.Grammar.from_ebnf(text))
+        grammars.append((text, printed, _shortest_texts(rules)["root"]))
+    return sorted(grammars, key=lambda g: len(g[1]))
+
+
+def check_random_grammars_end_as_their_shortest_derivation_says(impl: ModuleType) -> None:
+    """300 random grammars: can_end is True exactly when root derives a finite text.
+    Up to 4 rules (recursion, groups, every quantifier), in xgrammar's print; the oracle is
+    root's shortest text, found on the grammar as written. The smallest failure is shown."""
+    for text, printed, shortest in random_grammars():
+        got = impl.can_end(printed)
+        if got != (shortest is not None):
+            why = (
+                f"root derives {shortest!r}" if shortest is not None
+                else "no derivation from root ever stops recursing"
+            )  # fmt: skip
+            raise AssertionError(
+                f"can_end of the grammar\n{text}\nwhich xgrammar prints as\n{printed}expected "
+                f"{shortest is not None} ({why}), got {got}"
+            )
+
+
 CHECKS = [
     check_a_cleared_bit_forbids_its_token_and_the_sign_bit_counts,
     check_random_bitmasks_match_a_bit_by_bit_loop,
@@ -495,6 +745,10 @@ CHECKS = [
     check_forced_text_on_hand_made_choices,
     check_forced_text_is_xgrammar_s_jump_forward_string,
     check_forced_tokens_walk_to_where_the_choices_part,
+    check_productive_rules_is_a_fixpoint_over_the_rules,
+    check_parse_alternatives_reads_items_groups_and_quantifiers,
+    check_can_end_on_what_xgrammar_prints,
+    check_random_grammars_end_as_their_shortest_derivation_says,
 ]
 
 HINTS: dict[str, tuple[str, str, str]] = {
@@ -542,5 +796,23 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "its byte, move to its state. Return the bytes collected (b'' when none).",
         "A one-item dict's only (key, value) pair unpacks with `(pair,) = d.items()`; "
         "collect the bytes in a bytearray and return bytes(...) of it.",
+    ),
+    "12.5": (
+        "A rule can end when one of its alternatives can, and an alternative (a sequence) "
+        "when every item in it can: a string or a class always, an optional item (*, ?, "
+        "{0, n}) by being absent, a rule when it is productive, a group when one of its "
+        "alternatives can. Rules wait on each other, so start with no rule known to end and "
+        "grow that set until a whole pass over the rules adds nothing.",
+        "parse_alternatives is a recursive descent: a list of sequences, a new one at '|', "
+        "return at ')' or at the end; at '(' recurse from the next token and expect to come "
+        "back on its ')', then step past it; after any item, look at one more token for a "
+        "quantifier ('{m, n}' may be absent when m is 0). can_end: split each line at "
+        "'::=', `rule_tokens` its body, parse from 0, and answer True at once when the "
+        "parse fails or stops before the last token.",
+        "productive_rules: a set, and `while changed:` over `rules.items()`, adding a name "
+        "not yet in it when `any(all(...) for seq in alternatives)` holds, the inner test "
+        "being: True for an optional item or a terminal, `value in productive` for a rule, "
+        "and the same any/all again for a group's alternatives (a helper that calls itself). "
+        "A single pass is wrong: 'root ::= a' listed before 'a ::= \"x\"' needs two.",
     ),
 }

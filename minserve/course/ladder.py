@@ -53,6 +53,7 @@ LADDER: dict[str, Rung] = {
     # 01 KV cache and the block allocator
     "1.1": Rung("warm-up", 20),
     "1.2": Rung("core", 45),
+    "1.3": Rung("stretch", 50),
     # 02 Paged attention
     "2.1": Rung("warm-up", 10),
     "2.2": Rung("warm-up", 10),
@@ -67,19 +68,23 @@ LADDER: dict[str, Rung] = {
     "3.1": Rung("warm-up", 20),
     "3.2": Rung("core", 60),
     "3.3": Rung("core", 45),
+    "3.4": Rung("stretch", 60),
     # 04 Chunked prefill and preemption
     "4.1": Rung("warm-up", 10),
     "4.2": Rung("warm-up", 10),
     "4.3": Rung("core", 45),
+    "4.4": Rung("stretch", 60),
     # 05 Sharing prefixes
     "5.1": Rung("warm-up", 20),
     "5.2": Rung("core", 90),
+    "5.3": Rung("stretch", 75),
     # 06 Sampling and speculative decoding
     "6.1": Rung("warm-up", 10),
     "6.2": Rung("core", 30),
     "6.3": Rung("warm-up", 15),
     "6.4": Rung("warm-up", 15),
     "6.5": Rung("core", 30),
+    "6.6": Rung("stretch", 45),
     # 07 Tensor parallelism
     "7.1": Rung("warm-up", 15),
     "7.2": Rung("core", 20),
@@ -91,6 +96,7 @@ LADDER: dict[str, Rung] = {
     "8.2": Rung("warm-up", 15),
     "8.3": Rung("warm-up", 20),
     "8.4": Rung("core", 40),
+    "8.5": Rung("stretch", 60),
     # 09 Assembling the server
     "9.1": Rung("warm-up", 15),
     "9.2": Rung("warm-up", 10),
@@ -109,19 +115,22 @@ LADDER: dict[str, Rung] = {
     "12.2": Rung("core", 60),
     "12.3": Rung("warm-up", 15),
     "12.4": Rung("warm-up", 20),
+    "12.5": Rung("stretch", 75),
 }
 
 
 # The four-week plan of docs/course_guide.md (a fifth week optional): which exercises each
 # week holds. Chapter 02 is split: its Triton first steps (2.1-2.3) close week 1.
 WEEKS: dict[str, tuple[str, ...]] = {
-    "1": ("0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.1", "1.2")
+    "1": ("0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.1", "1.2", "1.3")
     + ("2.1", "2.2", "2.3"),
-    "2": ("2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "3.1", "3.2", "3.3"),
-    "3": ("4.1", "4.2", "4.3", "5.1", "5.2", "6.1", "6.2", "6.3", "6.4", "6.5"),
-    "4": ("7.1", "7.2", "7.3", "7.4", "7.5", "8.1", "8.2", "8.3", "8.4")
+    "2": ("2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "3.1", "3.2", "3.3", "3.4"),
+    "3": ("4.1", "4.2", "4.3", "4.4", "5.1", "5.2", "5.3")
+    + ("6.1", "6.2", "6.3", "6.4", "6.5", "6.6"),
+    "4": ("7.1", "7.2", "7.3", "7.4", "7.5", "8.1", "8.2", "8.3", "8.4", "8.5")
     + ("9.1", "9.2", "9.3", "9.4", "9.5", "9.6"),
-    "5 (optional)": ("10.1", "10.2", "10.3", "10.4", "10.5", "12.1", "12.2", "12.3", "12.4"),
+    "5 (optional)": ("10.1", "10.2", "10.3", "10.4", "10.5")
+    + ("12.1", "12.2", "12.3", "12.4", "12.5"),
 }
 
 

@@ -9,7 +9,8 @@ hand each finished prefill's KV to the least-loaded decode instance, which costs
 `prompt_len x kv_bytes_per_token / bandwidth` seconds.
 
 `SimConfig(lockstep=True)` instead steps all instances in rounds together, as minserve's own
-prefill/decode processes do (`sim_rounds.py`).
+prefill/decode processes do (`sim_rounds.py`). The event loop (`ClusterRun`) is chapter 08's
+exercise 8.5.
 
 What it leaves out (say so when quoting it): KV memory limits and preemption on decode
 instances, queueing on the transfer links, prefix caching, step-time noise.
@@ -131,13 +132,14 @@ class SimResult:
         return statistics.fmean(r.tpot_s for r in self.requests if r.output_len > 1)
 
 
+# >>> exercise 8.5: the cluster simulator's event loop
 def simulate(
     workload: list[SimRequest], shape: ClusterShape, costs: StepCosts, config: SimConfig
 ) -> SimResult:
     """Replay `workload` on `shape`; `costs` are one instance's step times (at shape.tp)."""
     if not workload:
         raise ValueError("the workload has no requests")
-    run = _Run(shape, costs, config)
+    run = ClusterRun(shape, costs, config)
     if config.lockstep:
         from minserve.disagg.sim_rounds import simulate_rounds
 
@@ -146,8 +148,19 @@ def simulate(
     return run.replay(workload)
 
 
-class _Run:
-    """One simulation's clock, event queue and instances."""
+class ClusterRun:
+    """One simulation's clock, event queue and instances (a discrete-event simulation).
+
+    `events` is a heap of (time, tie-break, kind, what): the next event is always the
+    earliest, and events at the same time come out in the order they were pushed (`_push`
+    numbers them). Three kinds: "arrive" (what: a `SimState`), "step_done" (what:
+    (instance, the `PlannedStep` it ran)) and "kv_landed" (what: (decode instance, state)).
+    `front` are the instances requests arrive at (colocated, or prefill); `decoders` the
+    decode instances (none when colocated). Each `SimInstance` plans its next step
+    (`plan()`: None when it has nothing to run), is told when a step ends
+    (`finish_step(step, now)`: the requests whose prefill completed in it), says how
+    loaded it is (`load`), and is `busy` while a step runs.
+    """
 
     def __init__(self, shape: ClusterShape, costs: StepCosts, config: SimConfig) -> None:
         self.costs, self.config = costs, config
@@ -162,6 +175,14 @@ class _Run:
         self.decoders = make("decode", shape.num_decode)
 
     def replay(self, workload: list[SimRequest]) -> SimResult:
+        """Every request's times, in the order of `workload`.
+
+        One `SimState(spec, spec.prompt_len)` per request and an "arrive" event at its
+        arrival time; then pop events in time order until none is left. An arrival joins
+        the least-loaded front instance, landed KV its decode instance (both through
+        `_enqueue`, which starts the instance if it is idle); a finished step goes to
+        `_step_done`. The result: `SimResult` of `_times(state)` for each request."""
+        # >>> solution
         states = [SimState(spec, spec.prompt_len) for spec in workload]
         for state in states:
             self._push(state.spec.arrival_s, "arrive", state)
@@ -175,6 +196,7 @@ class _Run:
             else:
                 self._step_done(*what, now)
         return SimResult(tuple(_times(s) for s in states))
+        # <<< solution
 
     def _push(self, time: float, kind: str, what: object) -> None:
         heapq.heappush(self.events, (time, next(self.order), kind, what))
@@ -184,7 +206,10 @@ class _Run:
         self._start(instance, now)
 
     def _start(self, instance: SimInstance, now: float) -> None:
-        """An idle instance with work starts its next step."""
+        """An idle instance with work starts its next step: it is busy until a "step_done"
+        event, `costs.step_time(prefill tokens, decodes)` seconds from `now`. A busy
+        instance, or one whose `plan()` is None, does nothing."""
+        # >>> solution
         if instance.busy:
             return
         step = instance.plan()
@@ -193,27 +218,48 @@ class _Run:
         instance.busy = True
         seconds = self.costs.step_time(step.prefill_tokens, len(step.decodes))
         self._push(now + seconds, "step_done", (instance, step))
+        # <<< solution
 
     def _step_done(self, instance: SimInstance, step: PlannedStep, now: float) -> None:
+        """The instance's step ended at `now`: it is idle again; on a prefill instance each
+        request whose prefill completed and still has tokens to produce is handed off;
+        then the instance starts its next step, if it has one."""
+        # >>> solution
         instance.busy = False
         for state in instance.finish_step(step, now):
             if instance.role == "prefill" and not state.done:
                 self._hand_off(state, now)
         self._start(instance, now)
+        # <<< solution
 
     def _hand_off(self, state: SimState, now: float) -> None:
-        """Send a finished prefill's KV to the least-loaded decode instance."""
+        """Send a finished prefill's KV to the decode instance least loaded now: it lands
+        there (a "kv_landed" event) `transfer_s(state)` seconds later."""
+        # >>> solution
         target = min(self.decoders, key=lambda i: i.load)
         self._push(now + self.transfer_s(state), "kv_landed", (target, state))
+        # <<< solution
 
     def transfer_s(self, state: SimState) -> float:
-        """Seconds to move one prompt's KV: latency + bytes / bandwidth."""
+        """Seconds to move one prompt's KV: `config.transfer_latency_s` + its bytes
+        (prompt tokens x `costs.kv_bytes_per_token`) / `config.transfer_bandwidth_bytes_s`."""
+        # >>> solution
         nbytes = state.spec.prompt_len * self.costs.kv_bytes_per_token
         return self.config.transfer_latency_s + nbytes / self.config.transfer_bandwidth_bytes_s
+        # <<< solution
 
 
 def _times(state: SimState) -> RequestTimes:
-    assert state.first_token_s is not None and state.finish_s is not None
+    """A finished request's times; an error names a request the simulation left unfinished."""
+    if state.first_token_s is None or state.finish_s is None:
+        raise RuntimeError(
+            f"the simulation ended with a request unfinished ({state.spec}: "
+            f"{state.prefill_left} prompt tokens left to prefill, {state.num_generated} of "
+            f"{state.spec.output_len} tokens produced): no event was left to run it"
+        )
     return RequestTimes(
         state.spec.arrival_s, state.first_token_s, state.finish_s, state.spec.output_len
     )
+
+
+# <<< exercise

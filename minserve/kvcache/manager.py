@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 from minserve.kvcache.block_allocator import BlockAllocator
-from minserve.kvcache.block_key import UNSHARED_ROOT, BlockKey
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.prefix_caching import PrefixCaching
@@ -37,7 +36,6 @@ class KVCacheManager:
         prefix_cache: RadixCache | None = None,
         host_tier: HostPrefixTier | None = None,
         table_cls: type = BlockTable,  # a class shaped like BlockTable (chapter 01)
-        root: BlockKey = UNSHARED_ROOT,  # the KV fingerprint's root: blocks' keys chain from it
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
@@ -48,9 +46,7 @@ class KVCacheManager:
         self.prefix_cache = prefix_cache
         self._ops: list[BlockOp] = []  # decided, not yet handed to the worker
         self.prefix = (
-            PrefixCaching(prefix_cache, allocator, host_tier, self._ops, root)
-            if prefix_cache
-            else None
+            PrefixCaching(prefix_cache, allocator, host_tier, self._ops) if prefix_cache else None
         )
         self._swapped_tokens: dict[int, int] = {}
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from minserve.kvcache.block_allocator import BlockAllocator
-from minserve.kvcache.block_key import UNSHARED_ROOT, BlockKey, block_keys
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.radix_cache import PrefixMatch, RadixCache, RadixNode
@@ -41,7 +40,9 @@ class PrefixCacheStats:
 
     evicted_blocks: int = 0
     promoted_blocks: int = 0  # brought back from the host tier
-    upkeep_seconds: float = 0.0  # time spent in the radix tree: match, insert, lock, evict
+    # time spent keeping the cache: the radix tree's match, insert, lock and evict, and
+    # promotions from the host tier
+    upkeep_seconds: float = 0.0
 
 
 class PrefixCaching:
@@ -53,16 +54,14 @@ class PrefixCaching:
         allocator: BlockAllocator,
         host: HostPrefixTier | None = None,
         ops: list[BlockOp] | None = None,
-        root: BlockKey = UNSHARED_ROOT,
     ) -> None:
         self.cache = cache
         self.allocator = allocator
-        self.host = host
+        self.host = host  # chapter 05's exercise 5.3: demotes evicted blocks, promotes them
         self.ops = ops if ops is not None else []  # host-tier copies for the worker, in order
-        self.root = root  # the chain's start: the KV fingerprint's root (`block_key.py`)
-        self._key_of: dict[int, BlockKey] = {}  # cached block -> its key (host tier only)
         self.block_size = cache.block_size
         self.stats = PrefixCacheStats()
+        self._timing = False  # inside a timed call: a nested one is counted already
         self._held: dict[BlockTable, _HeldPrefix] = {}  # tables using cached blocks
         self._tokens: dict[BlockTable, list[int]] = {}  # tokens of tables that started here
 
@@ -121,7 +120,8 @@ class PrefixCaching:
             return
         tokens = token_ids[: full * self.block_size]
         match = self._timed(self.cache.insert, tokens, table.blocks[:full])
-        self._remember_prefixes(tokens, match.blocks)
+        if self.host is not None:  # to demote them under their keys later
+            self.host.remember(tokens, match.blocks)
         written = full if computed is None else computed // self.block_size
         table.adopt_prefix(self.allocator, match.blocks[:written])
         self._timed(self.cache.lock, match.node)
@@ -154,59 +154,29 @@ class PrefixCaching:
 
     # --- the host tier ---
 
-    def _remember_prefixes(self, tokens: list[int], blocks: list[int]) -> None:
-        """Note each cached block's key, to demote it under that key later."""
-        if self.host is None:
-            return
-        # a block freed and reused for another prefix left _key_of on eviction, so the
-        # blocks already keyed lead the chain: hash on from the first one that is not
-        first = next((i for i, b in enumerate(blocks) if b not in self._key_of), len(blocks))
-        if first == len(blocks):
-            return
-        parent = self._key_of[blocks[first - 1]] if first else self.root
-        size = self.block_size
-        keys = block_keys(parent, tokens[first * size : len(blocks) * size], size)
-        self._key_of.update(zip(blocks[first:], keys, strict=True))
-
     def _demote_evicted(self) -> None:
         """Blocks just evicted are free but still hold their KV: copy them to the host."""
-        if self.host is None:
-            return
-        evicted = [b for b in self._key_of if self.allocator.refcount(b) == 0]
-        for block in evicted:
-            self.ops.append(self.host.demote(self._key_of.pop(block), block))
+        if self.host is not None:
+            self.ops += self.host.demote_evicted(self.allocator)
 
     def _promote(self, token_ids: list[int], match: PrefixMatch) -> PrefixMatch:
         """Extend a device match with the blocks that follow it on the host, copied back
         into fresh device blocks and cached again, while copying beats recomputing."""
         assert self.host is not None
-        self._timed(self.cache.lock, match.node)  # making room must not evict the match
-        promoted: list[int] = []
-        keys = block_keys(self.root, token_ids, self.block_size)[match.num_blocks :]
-        end = (match.num_blocks + 1) * self.block_size
-        for key in keys:
-            if not self.host.worth_promoting() or key not in self.host:
-                break
-            self.make_room(1)  # may demote others, and push this one off the host tier
-            if key not in self.host or not self.allocator.can_allocate(1):
-                break
-            promoted.append(self.allocator.allocate())
-            self.ops.append(self.host.promote(key, promoted[-1]))
-            end += self.block_size
-        self._timed(self.cache.unlock, match.node)
-        if not promoted:
-            return match
-        tokens = token_ids[: end - self.block_size]
-        extended = self._timed(self.cache.insert, tokens, match.blocks + promoted)
-        self._remember_prefixes(tokens, extended.blocks)
-        for block in promoted:  # the tree holds them now
-            self.allocator.free(block)
-        self.stats.promoted_blocks += len(promoted)
+        args = (match, token_ids, self.cache, self.allocator, self.make_room, self.ops)
+        extended = self._timed(self.host.extend, *args)
+        self.stats.promoted_blocks += extended.num_blocks - match.num_blocks
         return extended
 
     def _timed(self, method: Callable[..., T], *args: object) -> T:
-        """Call a method of the radix tree, adding its time to the upkeep counter."""
+        """Call a method of the radix tree (or the host tier's promotion, which calls the
+        tree and makes room), adding its time to the upkeep counter once."""
+        if self._timing:  # nested: the outer call's time includes it
+            return method(*args)
+        self._timing = True
         start = time.perf_counter()
-        result = method(*args)
-        self.stats.upkeep_seconds += time.perf_counter() - start
-        return result
+        try:
+            return method(*args)
+        finally:
+            self.stats.upkeep_seconds += time.perf_counter() - start
+            self._timing = False

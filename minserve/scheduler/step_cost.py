@@ -15,6 +15,8 @@ The fit is least squares over recent steps (each new step multiplies the weight 
 older ones by `decay`), with every coefficient kept >= 0: a step cannot get cheaper for
 running more. Four coefficients make fifteen subsets; the best nonnegative fit is the least-
 squares fit on one of them, so trying each is exact.
+
+The model, its inverse and its fit are chapter 04's exercise 4.4 (the marked region below).
 """
 
 from __future__ import annotations
@@ -60,10 +62,23 @@ def step_shape(output: SchedulerOutput) -> StepShape:
     )
 
 
+COEFFICIENT_NAMES = ("fixed_seconds", "prefill_seconds", "per_token_seconds",
+                     "per_context_token_seconds")  # fmt: skip
+
+
+# >>> exercise 4.4: the step-time model (predict a step, invert it, fit it online)
 @dataclass(frozen=True)
 class StepCost:
     """The model's coefficients, in seconds: per step, per prefill step, per token, per
-    context token."""
+    context token.
+
+    You write `predict` (the model), `max_prefill_tokens` (the model inverted: the largest
+    prompt chunk a time budget holds beside a step's decodes) and `break_even_chunk`; then
+    `StepCostModel.observe` and `nonnegative_least_squares` below, which fit the four
+    coefficients to the steps measured. With `LLM(target_tpot_ms=...)` the step-time
+    scheduler sizes every prompt chunk with them; plug yours in with
+    `CoursePlugins(step_cost_model_cls=StepCostModel)`.
+    """
 
     fixed_s: float
     prefill_s: float = 0.0
@@ -71,18 +86,30 @@ class StepCost:
     per_context_token_s: float = 0.0
 
     def predict(self, shape: StepShape) -> float:
-        """Seconds a step of this shape takes."""
+        """Seconds a step of this shape takes: each coefficient times its feature
+        (`shape.features()`, in the order of the fields), summed."""
+        # >>> solution
         return sum(c * x for c, x in zip(astuple(self), shape.features()))
+        # <<< solution
 
     def max_prefill_tokens(self, decodes: StepShape, seconds: float, start: int = 0) -> int:
         """The most prompt tokens a step of `decodes` may add (a chunk after `start` computed
-        tokens) and still take at most `seconds`; 0 when not even one fits."""
+        tokens) and still take at most `seconds`; 0 when not even one fits.
+
+        The step with the chunk is `decodes.plus_prefill(n, start)`: each prompt token costs
+        per_token_s and, as context, per_context_token_s; the chunk's context includes the
+        `start` tokens before it; the prefill jump is paid unless `decodes` already runs a
+        prompt chunk. Without a per-token cost any chunk fits: `sys.maxsize`. Rounded down,
+        forgiving float dust of 1e-9 token (a budget that holds exactly n tokens gives n).
+        """
+        # >>> solution
         per_token = self.per_token_s + self.per_context_token_s
         jump = 0.0 if decodes.has_prefill else self.prefill_s
         left = seconds - self.predict(decodes) - jump - self.per_context_token_s * start
         if left < 0 or left < per_token:
             return 0
         return sys.maxsize if per_token == 0 else int(left / per_token + 1e-9)  # float dust
+        # <<< solution
 
     @classmethod
     def from_metrics(cls, stats: dict[str, float]) -> StepCost | None:
@@ -93,20 +120,11 @@ class StepCost:
 
     def break_even_chunk(self) -> float:
         """Prompt tokens that cost what the prefill jump costs: a smaller chunk spends more on
-        the jump than on the prompt."""
+        the jump than on the prompt (0.0 without a per-token cost)."""
+        # >>> solution
         per_token = self.per_token_s + self.per_context_token_s
         return 0.0 if per_token == 0 else self.prefill_s / per_token
-
-
-COEFFICIENT_NAMES = ("fixed_seconds", "prefill_seconds", "per_token_seconds",
-                     "per_context_token_seconds")  # fmt: skip
-
-
-def cost_metrics(cost: StepCost | None) -> dict[str, float]:
-    """The coefficients as metrics (`step_cost_fixed_seconds`, ...); all 0 until fitted."""
-    values = astuple(cost) if cost is not None else (0.0,) * NUM_FEATURES
-    named = {f"step_cost_{name}": value for name, value in zip(COEFFICIENT_NAMES, values)}
-    return {"step_cost_fitted": float(cost is not None), **named}
+        # <<< solution
 
 
 class StepCostModel:
@@ -137,15 +155,24 @@ class StepCostModel:
         return cls(prior=cost, learn=False)
 
     def observe(self, shape: StepShape, seconds: float) -> None:
-        """One measured step; refits once `min_steps` were seen."""
+        """One measured step; refits once `min_steps` were seen.
+
+        The fit needs only two running sums over the steps, weighted (each new step
+        multiplies the older ones' weights by `decay`): `_gram`, sum of w x x^T, and
+        `_moment`, sum of w x seconds, x being `shape.features()`. Count the step in
+        `num_steps`; from `min_steps` on, `current` is the `StepCost` of
+        `nonnegative_least_squares(_gram, _moment)`.
+        """
         if not self.learn:
             return
+        # >>> solution
         x = np.array(shape.features())
         self._gram = self.decay * self._gram + np.outer(x, x)
         self._moment = self.decay * self._moment + seconds * x
         self.num_steps += 1
         if self.num_steps >= self.min_steps:
             self.current = StepCost(*nonnegative_least_squares(self._gram, self._moment))
+        # <<< solution
 
 
 def nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> list[float]:
@@ -153,7 +180,13 @@ def nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> list[floa
 
     The minimum is the unconstrained fit on the features it leaves nonzero, so the best
     nonnegative fit among all subsets is the answer (the empty subset, all zeros, included).
+    First the unconstrained fit (`np.linalg.lstsq(gram, moment, rcond=None)`): when no
+    coefficient is negative, that is the answer. Else try every proper subset of the
+    features: its fit, zeros elsewhere, skipped if any coefficient is negative; keep the
+    one with the lowest loss `c @ gram @ c - 2 * c @ moment` (the squared error, less a
+    constant: all zeros score 0).
     """
+    # >>> solution
     unconstrained = np.linalg.lstsq(gram, moment, rcond=None)[0]
     if (unconstrained >= 0).all():  # the usual case: nothing to constrain
         return [float(c) for c in unconstrained]
@@ -170,3 +203,14 @@ def nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> list[floa
             if loss < best_loss - 1e-15:
                 best, best_loss = full, loss
     return [float(c) for c in best]
+    # <<< solution
+
+
+# <<< exercise
+
+
+def cost_metrics(cost: StepCost | None) -> dict[str, float]:
+    """The coefficients as metrics (`step_cost_fixed_seconds`, ...); all 0 until fitted."""
+    values = astuple(cost) if cost is not None else (0.0,) * NUM_FEATURES
+    named = {f"step_cost_{name}": value for name, value in zip(COEFFICIENT_NAMES, values)}
+    return {"step_cost_fitted": float(cost is not None), **named}

@@ -53,9 +53,10 @@ class PrefillRate:
 class StepTimeScheduler(Scheduler):
     """`Scheduler` whose steps keep a step-time target (`target_tpot_ms`) while decodes run.
 
-    `step_cost` (default: fitted online) and `budget` (default: from the config, None when
-    `target_tpot_ms` is off: the steps are not capped, the costs are still learned) can be
-    given, as tests do with a fixed cost model.
+    `step_cost` (default: a `step_cost_model_cls`, minserve's `StepCostModel` or chapter
+    04's, fitted online) and `budget` (default: from the config, None when `target_tpot_ms`
+    is off: the steps are not capped, the costs are still learned) can be given, as tests do
+    with a fixed cost model.
     """
 
     def __init__(
@@ -67,10 +68,11 @@ class StepTimeScheduler(Scheduler):
         *,
         step_cost: StepCostModel | None = None,
         budget: StepBudget | None = None,
+        step_cost_model_cls: type[StepCostModel] = StepCostModel,
         **scheduling_rules: Callable[..., Any],
     ) -> None:
         super().__init__(config, kv, rules, drafts, **scheduling_rules)
-        self.step_cost = step_cost or StepCostModel()
+        self.step_cost = step_cost or step_cost_model_cls()
         self.budget = budget if budget is not None else StepBudget.from_config(config)
         self.prefill_rate = PrefillRate()
         self.banked_s = 0.0  # step time decodes have not used yet (< 0: overrun)

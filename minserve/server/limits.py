@@ -104,3 +104,16 @@ class ServerLimits:
 
 
 # <<< exercise
+
+
+def check_unused_max_tokens(limits: ServerLimits, value: int, param: str) -> None:
+    """A chat request that gives both max_completion_tokens and max_tokens runs on the first;
+    the other must still keep the bound the server's schema states (max_model_len - 1,
+    the most tokens a one-token prompt leaves room for), or the request breaks its schema."""
+    bound = limits.max_model_len - 1
+    if value > bound:
+        raise APIError(
+            400, f"{param} is {value}, above this server's maximum of {bound} (max_model_len "
+            f"{limits.max_model_len} less a one-token prompt), though max_completion_tokens "
+            "sets the length", param=param, code="context_length_exceeded",
+        )  # fmt: skip

@@ -39,7 +39,7 @@ from minserve.server.async_engine import (
 )
 from minserve.server.body import read_json_body, require_json
 from minserve.server.errors import APIError, check_api_key, from_validation
-from minserve.server.limits import ServerLimits
+from minserve.server.limits import ServerLimits, check_unused_max_tokens
 from minserve.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -112,6 +112,8 @@ class OpenAIServing:
         priority = self._priority(body.priority)
         given = body.max_tokens_param in body.model_fields_set
         self.limits.check([len(ids) for _, ids in prompts], params, body.max_tokens_param, given)
+        if body.max_tokens_param != "max_tokens" and body.max_tokens is not None:
+            check_unused_max_tokens(self.limits, body.max_tokens, "max_tokens")
         stream = await self._submit(prompts, params, priority, body.structured_field)
         response_id = f"{kind}-{uuid.uuid4().hex}"
         model = self.config.model_name

@@ -8,6 +8,7 @@ from typing import Any
 
 METHODS = ("ngram", "draft_model", "early_exit", "jump_forward")
 DRAFT_LENGTHS = ("fixed", "adaptive")
+PLUGGABLE_PROPOSERS = ("ngram", "early_exit")  # methods whose class `proposer_cls` replaces
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,10 @@ class SpeculativeConfig:
     rejection_sampler: verifies a sampling request's drafts, with the signature of
     `minserve.speculative.verify.rejection_sample` (the default); chapter 06 plugs the
     student's in.
-    proposer_cls: for method "ngram", the class of the proposer, built from this config
-    (default `minserve.speculative.ngram.NgramProposer`); chapter 06 plugs the student's in.
+    proposer_cls: the class of the proposer, for method "ngram" built as `cls(config)`
+    (default `minserve.speculative.ngram.NgramProposer`), for "early_exit" as
+    `cls(config, runner)` (default `minserve.speculative.early_exit.EarlyExitProposer`);
+    chapter 06 plugs the student's in.
     draft_lengths_cls: the class that gives each sequence its draft length, built as
     `cls(draft_length, num_speculative_tokens)` (default
     `minserve.speculative.draft_length.DraftLengths`); chapter 06 plugs the student's in.
@@ -41,8 +44,8 @@ class SpeculativeConfig:
     num_draft_layers: int | None = None  # method "early_exit"; None: half the target's layers
     draft_length: str = "fixed"
     rejection_sampler: Callable[..., list[int]] | None = None  # None: verify.rejection_sample
-    # method "ngram": the proposer class, built from this config (None: ngram.NgramProposer)
-    proposer_cls: Callable[[SpeculativeConfig], Any] | None = None
+    # methods "ngram" and "early_exit": the proposer class (None: minserve's own)
+    proposer_cls: Callable[..., Any] | None = None
     # the draft lengths per sequence, built as cls(draft_length, k) (None: DraftLengths)
     draft_lengths_cls: Callable[[str, int], Any] | None = None
 
@@ -71,11 +74,14 @@ class SpeculativeConfig:
                 "minserve.speculative.verify.rejection_sample, got "
                 f"{type(self.rejection_sampler).__name__}"
             )
-        if self.proposer_cls is not None and self.method != "ngram":
-            raise ValueError(f"proposer_cls applies to method 'ngram', not {self.method!r}")
+        if self.proposer_cls is not None and self.method not in PLUGGABLE_PROPOSERS:
+            raise ValueError(
+                f"proposer_cls applies to methods 'ngram' and 'early_exit', not {self.method!r}"
+            )
         if self.proposer_cls is not None and not callable(self.proposer_cls):
             raise ValueError(
-                "proposer_cls must be a class like minserve.speculative.ngram.NgramProposer, "
+                "proposer_cls must be a class like minserve.speculative.ngram.NgramProposer "
+                "or minserve.speculative.early_exit.EarlyExitProposer, "
                 f"got {type(self.proposer_cls).__name__}"
             )
         if self.draft_lengths_cls is not None and not callable(self.draft_lengths_cls):

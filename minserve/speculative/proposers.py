@@ -28,7 +28,7 @@ class Proposer(Protocol):
 def make_proposer(config: SpeculativeConfig, runner: ModelRunner) -> Proposer:
     """The proposer `config.method` names (the config has rejected unknown methods)."""
     if config.method == "early_exit":
-        return EarlyExitProposer(config, runner)
+        return (config.proposer_cls or EarlyExitProposer)(config, runner)
     if config.method == "draft_model":
         return DraftModelProposer(config, runner)
     if config.method == "jump_forward":

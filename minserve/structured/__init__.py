@@ -6,6 +6,7 @@ names); docs/engine.md ("Structured output") tells the whole path:
     grammar_spec.py  the request as one grammar text (choice -> EBNF, canonical JSON)
     compiler.py      the text -> xgrammar's compiled grammar over the model's vocabulary,
                      once per text (LRU cache), bounded in time
+    grammar_ends.py  whether a compiled grammar can end: one that cannot is refused
     matcher.py       one sample's state in its grammar: a bitmask of allowed tokens, advanced
                      by each token the sample keeps (owned by the `Sample`)
 

@@ -17,7 +17,9 @@ Hence three rules here:
   (StructuredOutputBusyError, a 503), so runaway grammars cannot take every core;
 - **errors name the problem**: xgrammar's message, prefixed with what failed; a grammar
   that can never end (`root ::= "a" root`, or a schema that requires itself) is refused
-  too (`grammar_ends.py`): its every output would run to max_tokens.
+  too (`grammar_ends.can_end`, exercise 12.5): its every output would run to max_tokens;
+- **no grammar takes the process down**: an EBNF grammar is compiled first in a child
+  process (`crash_probe.py`), since xgrammar dies rather than raises on a few of them.
 
 The cache holds futures, so a second request for a grammar still compiling waits for the
 same compile, and a grammar that failed is refused at once the next time.
@@ -25,8 +27,10 @@ same compile, and a grammar that failed is refused at once the next time.
 
 from __future__ import annotations
 
+import atexit
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -38,9 +42,24 @@ from transformers import PreTrainedTokenizerFast
 from minserve.errors import StructuredOutputBusyError, StructuredOutputError
 from minserve.model.tokenizer import Tokenizer
 from minserve.sampling_params import StructuredOutputsParams
+from minserve.structured.crash_probe import CrashProbe
 from minserve.structured.grammar_ends import can_end
 from minserve.structured.grammar_spec import JSON_MAX_WHITESPACE, GrammarSpec, grammar_spec
 from minserve.structured.matcher import GrammarMatcher
+
+EXIT_WAIT_S = 30.0  # how long a process at exit waits for compiles still running
+
+# Compile threads still running, process-wide: at exit, xgrammar's C++ compile would
+# outlive the interpreter and abort the process ("terminate called without an active
+# exception"), so exit waits for them (up to EXIT_WAIT_S).
+_compiles_in_flight: set[threading.Thread] = set()
+
+
+@atexit.register
+def _wait_for_compiles() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in list(_compiles_in_flight):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def tokenizer_info(
@@ -72,7 +91,11 @@ def tokenizer_info(
 
 class GrammarCompiler:
     """Structured-output requests -> compiled grammars for one model's vocabulary; `encode`
-    spells text in that vocabulary (its matchers' `forced_tokens`)."""
+    spells text in that vocabulary (its matchers' `forced_tokens`); `can_end` reads a
+    compiled grammar's print and says whether it can end (chapter 12's plug-in replaces it);
+    `probe`, when given, compiles each EBNF grammar in a child process first (the engine
+    gives one: a grammar that crashes xgrammar is then refused instead of ending the
+    server)."""
 
     def __init__(
         self,
@@ -83,8 +106,10 @@ class GrammarCompiler:
         timeout_s: float = 10.0,
         max_overdue: int = 2,
         compile_threads: int = 1,
+        can_end: Callable[[str], bool] = can_end,
+        probe: CrashProbe | None = None,
     ) -> None:
-        self.info, self.encode = info, encode
+        self.info, self.encode, self.can_end, self.probe = info, encode, can_end, probe
         self.cache_size, self.timeout_s, self.max_overdue = cache_size, timeout_s, max_overdue
         # xgrammar's own cache would grow without bound: this class keeps the LRU instead
         self._xgr = xgr.GrammarCompiler(info, max_threads=compile_threads, cache_enabled=False)
@@ -135,7 +160,8 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         compile_thread = threading.Thread(
             target=self._compile, args=(spec, future), name="minserve-grammar", daemon=True
-        )  # daemon: a runaway compile does not hold the process at exit
+        )  # daemon: a runaway compile holds the process at exit EXIT_WAIT_S at most
+        _compiles_in_flight.add(compile_thread)
         compile_thread.start()
         return future
 
@@ -148,10 +174,13 @@ class GrammarCompiler:
         finally:
             with self._lock:
                 self._overdue.discard(spec)
+            _compiles_in_flight.discard(threading.current_thread())
 
     def _compile_now(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        if spec.kind == "ebnf" and self.probe is not None:
+            self.probe.check(spec.text, self.timeout_s)  # raises if xgrammar would crash
         compiled = self._compile_kind(spec)
-        if not can_end(str(compiled.grammar)):
+        if not self.can_end(str(compiled.grammar)):
             raise ValueError(
                 "it never ends: its root rule cannot derive a finite text (every "
                 "alternative recurses), so every output would run to max_tokens"
