@@ -112,8 +112,9 @@ def check_unused_max_tokens(limits: ServerLimits, value: int, param: str) -> Non
     the most tokens a one-token prompt leaves room for), or the request breaks its schema."""
     bound = limits.max_model_len - 1
     if value > bound:
-        raise APIError(
-            400, f"{param} is {value}, above this server's maximum of {bound} (max_model_len "
+        message = (
+            f"{param} is {value}, above this server's maximum of {bound} (max_model_len "
             f"{limits.max_model_len} less a one-token prompt), though max_completion_tokens "
-            "sets the length", param=param, code="context_length_exceeded",
-        )  # fmt: skip
+            "sets the length"
+        )
+        raise APIError(400, message, param=param, code="context_length_exceeded")
