@@ -63,6 +63,55 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class KVEventsConfig:
+    """KV events (vLLM's `kv_events_config`): the engine publishes the blocks its prefix
+    cache's tiers store and remove, for a router's exact index (docs/state_plane.md)."""
+
+    enable_kv_cache_events: bool = False
+    publisher: str = "zmq"  # the only one: a ZMQ PUB socket and a replay socket
+    endpoint: str = "tcp://127.0.0.1:0"  # PUB; port 0: any free port (GET /v1/kv_events says)
+    replay_endpoint: str = "tcp://127.0.0.1:0"  # answers "the batches since N"
+    buffer_steps: int = 10_000  # batches kept for replay
+
+    def __post_init__(self) -> None:
+        if self.publisher != "zmq":
+            raise ValueError(f"kv_events_config publisher must be 'zmq', got {self.publisher!r}")
+        if self.buffer_steps < 1:
+            raise ValueError(f"kv_events_config buffer_steps must be >= 1, got {self.buffer_steps}")
+        (host, _), (replay_host, _) = self.address(), tcp_address(self.replay_endpoint)
+        if host != replay_host:
+            raise ValueError(
+                f"kv_events_config endpoint and replay_endpoint bind one host, got {host!r} "
+                f"and {replay_host!r}"
+            )
+
+    def address(self) -> tuple[str, tuple[int, int]]:
+        """The host to bind, and the PUB and replay ports (0: any free port)."""
+        host, port = tcp_address(self.endpoint)
+        return host, (port, tcp_address(self.replay_endpoint)[1])
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any]) -> KVEventsConfig:
+        names = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(
+                f"unknown kv_events_config key(s) {', '.join(unknown)}; the keys are "
+                f"{', '.join(sorted(names))}"
+            )
+        return cls(**options)
+
+
+def tcp_address(endpoint: str) -> tuple[str, int]:
+    """("host", port) of "tcp://host:port"; a clear ValueError for anything else."""
+    rest = endpoint.removeprefix("tcp://")
+    host, _, port = rest.rpartition(":")
+    if rest == endpoint or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"an endpoint is tcp://HOST:PORT (PORT 0: any free), got {endpoint!r}")
+    return host, int(port)
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """Iteration-level batching limits (vLLM names): sequences and tokens per step."""
 

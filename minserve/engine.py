@@ -42,8 +42,10 @@ from minserve.config import CacheConfig, SchedulerConfig, resolve_max_model_len
 from minserve.engine_args import EngineArgs
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
+from minserve.kvcache.block_events import BlockEventTracker
 from minserve.kvcache.block_key import KVFingerprint, weights_digest
 from minserve.kvcache.host_tier import host_tier_for
+from minserve.kvcache.kv_event_socket import kv_event_publisher
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
@@ -210,6 +212,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(
             loaded.tokenizer, plugins.sample_output_cls, plugins.stop_matcher_cls
         )
+        self.kv_events = kv_event_publisher(args.kv_events)
         self.counters = EngineCounters()
         self.timings = StepTimings()  # every step's, summed
         self.observers: list[StepObserver] = []  # called with each step's record
@@ -237,9 +240,13 @@ class LLMEngine:
                     cache_config, pool.block_size, pool.block_nbytes, costs, root,
                     plugins.host_tier_cls,  # minserve's HostPrefixTier, or chapter 05's
                 )  # fmt: skip
+        events = None
+        if self.args.kv_events is not None:  # the tiers' blocks, published for a router
+            events = BlockEventTracker(self.kv_fingerprint(pool).root(), pool.block_size)
         return KVCacheManager(
-            allocator, pool.block_size, swap, prefix_cache, host_tier, plugins.block_table_cls
-        )
+            allocator, pool.block_size, swap, prefix_cache, host_tier, plugins.block_table_cls,
+            events,
+        )  # fmt: skip
 
     def kv_fingerprint(self, pool: PagedKVPool) -> KVFingerprint:
         """What makes this engine's KV blocks the bytes they are (`kvcache/block_key.py`)."""
@@ -375,6 +382,8 @@ class LLMEngine:
             outputs, failed = self._run(sched_out, clock)
         except Exception as error:
             raise StepFailedError(sched_out.request_ids, error) from error
+        finally:
+            self._publish_kv_events()
         if failed:
             raise RequestsFailedError.from_reasons(failed, outputs)
         return outputs
@@ -400,6 +409,25 @@ class LLMEngine:
             clock.timings.add(run_out.timings)
         self._observe(StepRecord(sched_out, run_out, processed.outputs, clock.timings))
         return processed.outputs, failed
+
+    def _publish_kv_events(self) -> None:
+        """The step's changes to what the tiers hold, as one numbered batch (if any)."""
+        tracker = self.kv.prefix.events if self.kv.prefix is not None else None
+        if self.kv_events is not None and tracker is not None:
+            events = tracker.take()
+            if events:
+                self.kv_events.publish(events)
+
+    def kv_events_info(self) -> dict[str, object] | None:
+        """Where a router subscribes to this engine's KV events (None: not published)."""
+        if self.kv_events is None or self.kv.prefix is None or self.kv.prefix.events is None:
+            return None
+        publisher = self.kv_events
+        return {
+            "instance": publisher.log.instance, "root": self.kv.prefix.events.root.hex(),
+            "block_size": self.kv.block_size, "host": publisher.host, "port": publisher.port,
+            "replay_port": publisher.replay_port,
+        }  # fmt: skip
 
     def _count(self, processed: ProcessedStep, failed: dict[str, str]) -> None:
         """Requests finished this step, and those aborted because they failed alone."""
@@ -434,6 +462,8 @@ class LLMEngine:
         self.worker.masks.shutdown()
         if self.tensor_parallel is not None:
             self.tensor_parallel.shutdown()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def get_metrics(self) -> dict[str, float]:
         """Engine counters and gauges (vLLM's names where it has them)."""

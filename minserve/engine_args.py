@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minserve.config import CacheConfig, SchedulerConfig
+from minserve.config import CacheConfig, KVEventsConfig, SchedulerConfig
 from minserve.plugins import plugin_names
 from minserve.speculative.config import SpeculativeConfig
 
@@ -63,9 +63,13 @@ class EngineArgs:
     # turns both on)
     target_tpot_ms: float | None = None
     target_ttft_ms: float | None = None
+    # vLLM's dict: {"enable_kv_cache_events": True} publishes the prefix cache's blocks for a
+    # router (docs/state_plane.md)
+    kv_events_config: dict[str, Any] | None = None
     cache: CacheConfig = field(init=False, repr=False, compare=False)
     scheduler: SchedulerConfig = field(init=False, repr=False, compare=False)
     speculative: SpeculativeConfig | None = field(init=False, repr=False, compare=False)
+    kv_events: KVEventsConfig | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -92,6 +96,21 @@ class EngineArgs:
         object.__setattr__(self, "cache", cache)
         object.__setattr__(self, "scheduler", scheduler)
         object.__setattr__(self, "speculative", speculative)
+        object.__setattr__(self, "kv_events", self._kv_events())
+
+    def _kv_events(self) -> KVEventsConfig | None:
+        """The KV events config, when events are on (they describe the prefix cache)."""
+        if self.kv_events_config is None:
+            return None
+        config = KVEventsConfig.from_dict(self.kv_events_config)
+        if not config.enable_kv_cache_events:
+            return None
+        if not self.enable_prefix_caching or self.engine != "paged":
+            raise ValueError(
+                "KV events report the prefix cache's blocks: kv_events_config needs "
+                "enable_prefix_caching=True on the paged engine"
+            )
+        return config
 
     def _check_one_process(self) -> None:
         """The options that run on the paged engine in one process only."""

@@ -52,6 +52,10 @@ class EngineClient(Protocol):
 
     def get_metrics(self) -> dict[str, float]: ...
 
+    def kv_events_info(self) -> dict[str, object] | None:
+        """Where a router subscribes to the KV events (GET /v1/kv_events); None: none."""
+        ...
+
     def shutdown(self) -> None:
         """Stop the processes it started, if any."""
         ...

@@ -214,6 +214,11 @@ def test_api_key_is_required_when_set(tiny_model) -> None:
         keyed.shutdown()
 
 
+def test_kv_events_are_404_when_the_server_publishes_none(server) -> None:
+    error = assert_openai_error(send(server, "GET", "/v1/kv_events"), 404, None)
+    assert "--kv-events-config" in error["message"]
+
+
 def test_deep_nesting_is_refused_before_any_parser_recurses(server) -> None:
     response = send(server, "POST", "/v1/completions", b"[" * 50000)
     error = assert_openai_error(response, 400, None)

@@ -272,6 +272,10 @@ class DisaggregatedEngine:
         queued = sum(len(adds) for adds in self._adds.values())
         return merge_stats(self.instance_stats, self.counters, queued, len(self.alive))
 
+    def kv_events_info(self) -> None:
+        """The instances publish no KV events (their prefix caches are their own)."""
+        return None
+
     def shutdown(self) -> None:
         """Tell every live instance to stop, wait for them, leave the group (idempotent)."""
         if not self.closed:

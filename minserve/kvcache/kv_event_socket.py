@@ -10,13 +10,17 @@ subscriber is slow or joins late; the numbers show the gap, and the replay fills
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Iterable
 
 import zmq
 
+from minserve.config import KVEventsConfig
 from minserve.kvcache.block_key import BlockKey
-from minserve.kvcache.kv_events import EventBatch, EventLog, KVEvent
+from minserve.kvcache.kv_events import MEDIA, AllBlocksCleared, EventBatch, EventLog, KVEvent
 
 TOPIC = b"kv"
 _POLL_MS = 50
@@ -28,17 +32,20 @@ class KVEventPublisher:
     def __init__(
         self,
         log: EventLog,
-        snapshot: Callable[[], dict[str, Iterable[BlockKey]]],
+        snapshot: Callable[[], dict[str, Iterable[BlockKey]]] | None = None,
         host: str = "127.0.0.1",
+        ports: tuple[int, int] = (0, 0),
     ) -> None:
         """`snapshot()` returns what is held now, per medium, for a subscriber the log can
-        no longer catch up."""
+        no longer catch up (default: what the log's batches add up to). `ports`: the PUB
+        and replay ports to bind on `host` (0: any free port)."""
         self.log, self._snapshot = log, snapshot
+        self.host = host
         self._context = zmq.Context()
         self._pub = self._context.socket(zmq.PUB)
-        self.port = self._pub.bind_to_random_port(f"tcp://{host}")
+        self.port = _bind(self._pub, host, ports[0])
         self._replay = self._context.socket(zmq.ROUTER)
-        self.replay_port = self._replay.bind_to_random_port(f"tcp://{host}")
+        self.replay_port = _bind(self._replay, host, ports[1])
         self._lock = threading.Lock()  # the log and the PUB socket: publish and replay
         self._stop = threading.Event()
         self._server = threading.Thread(target=self._serve, name="kv-replay", daemon=True)
@@ -69,13 +76,34 @@ class KVEventPublisher:
             return [b"error", b'a replay request is {"since": N}']
         batches = self.log.since(since)
         if batches is None:
-            return [b"snapshot", self.log.snapshot(self._snapshot()).encode()]
+            held = self._snapshot() if self._snapshot is not None else None
+            return [b"snapshot", self.log.snapshot(held).encode()]
         return [b"batches", *(b.encode() for b in batches)]
 
     def close(self) -> None:
         self._stop.set()
         self._server.join()
         self._context.destroy(linger=0)
+
+
+def kv_event_publisher(config: KVEventsConfig | None) -> KVEventPublisher | None:
+    """An engine's publisher, as `kv_events_config` says (None: events off). Its log opens
+    with every medium cleared, so a subscriber of a restarted engine starts over."""
+    if config is None:
+        return None
+    instance = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    host, ports = config.address()
+    publisher = KVEventPublisher(EventLog(instance, config.buffer_steps), None, host, ports)
+    publisher.publish(tuple(AllBlocksCleared(medium) for medium in MEDIA))
+    return publisher
+
+
+def _bind(sock: zmq.Socket, host: str, port: int) -> int:
+    """Bind `sock` on `host`, at `port` or (0) any free one; the port bound."""
+    if port == 0:
+        return sock.bind_to_random_port(f"tcp://{host}")
+    sock.bind(f"tcp://{host}:{port}")
+    return port
 
 
 class KVEventSubscriber:

@@ -78,6 +78,17 @@ class EventBatch:
             raise ValueError(f"not a KV event batch: {error!r}") from None
 
 
+def apply_event(held: dict[str, set[BlockKey]], event: KVEvent) -> None:
+    """What a medium holds after `event` (the publisher's log and a router's index both
+    keep their state this way)."""
+    if isinstance(event, BlockStored):
+        held[event.medium].update(event.keys)
+    elif isinstance(event, BlockRemoved):
+        held[event.medium].difference_update(event.keys)
+    elif isinstance(event, AllBlocksCleared):
+        held[event.medium].clear()
+
+
 def _event_json(event: KVEvent) -> dict:
     if isinstance(event, BlockStored):
         parent = event.parent.hex() if event.parent is not None else None
@@ -111,19 +122,23 @@ def _key(text: str) -> BlockKey:
 
 
 class EventLog:
-    """The publisher's side: numbers each batch and keeps the last `capacity` for replay."""
+    """The publisher's side: numbers each batch, keeps the last `capacity` for replay, and
+    the state they add up to (`held`, per medium), for a snapshot."""
 
     def __init__(self, instance: str, capacity: int = 10_000) -> None:
         if capacity < 1:
             raise ValueError(f"an event log keeps at least 1 batch, got {capacity}")
         self.instance = instance
         self.next_seq = 0
+        self.held: dict[str, set[BlockKey]] = {medium: set() for medium in MEDIA}
         self._kept: deque[EventBatch] = deque(maxlen=capacity)
 
     def append(self, events: tuple[KVEvent, ...]) -> EventBatch:
         batch = EventBatch(self.next_seq, self.instance, events)
         self.next_seq += 1
         self._kept.append(batch)
+        for event in events:
+            apply_event(self.held, event)
         return batch
 
     def since(self, seq: int) -> list[EventBatch] | None:
@@ -135,9 +150,12 @@ class EventLog:
             return None
         return [b for b in self._kept if b.seq >= seq]
 
-    def snapshot(self, held: dict[str, Iterable[BlockKey]]) -> EventBatch:
+    def snapshot(self, held: dict[str, Iterable[BlockKey]] | None = None) -> EventBatch:
         """A batch that states everything held now, medium by medium (for a subscriber the
-        log can no longer catch up): each medium cleared, then its blocks stored."""
+        log can no longer catch up): each medium cleared, then its blocks stored. `held`
+        defaults to what the log's own batches add up to."""
+        if held is None:
+            held = {medium: sorted(keys) for medium, keys in self.held.items()}
         events: list[KVEvent] = []
         for medium in MEDIA:
             events.append(AllBlocksCleared(medium))

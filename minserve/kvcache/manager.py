@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_events import BlockEventTracker
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.prefix_caching import PrefixCaching
@@ -36,6 +37,7 @@ class KVCacheManager:
         prefix_cache: RadixCache | None = None,
         host_tier: HostPrefixTier | None = None,
         table_cls: type = BlockTable,  # a class shaped like BlockTable (chapter 01)
+        events: BlockEventTracker | None = None,  # KV events (needs the prefix cache)
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
@@ -46,7 +48,9 @@ class KVCacheManager:
         self.prefix_cache = prefix_cache
         self._ops: list[BlockOp] = []  # decided, not yet handed to the worker
         self.prefix = (
-            PrefixCaching(prefix_cache, allocator, host_tier, self._ops) if prefix_cache else None
+            PrefixCaching(prefix_cache, allocator, host_tier, self._ops, events)
+            if prefix_cache
+            else None
         )
         self._swapped_tokens: dict[int, int] = {}
 

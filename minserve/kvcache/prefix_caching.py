@@ -7,7 +7,8 @@ attention reads them, so a request admitted later in the same step already reuse
 Blocks that decodes fill are cached after the step. When the pool runs short, cached
 blocks no sequence holds are evicted before anyone is preempted; with a host tier they
 are demoted to host memory, and a later prompt that continues into them promotes them
-(block operations the worker carries out before the step's forward).
+(block operations the worker carries out before the step's forward). With KV events on,
+every change is reported to a `BlockEventTracker` (`block_events.py`) for the router.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from minserve.kvcache.block_allocator import BlockAllocator
+from minserve.kvcache.block_events import BlockEventTracker
+from minserve.kvcache.block_key import BlockKey
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.radix_cache import PrefixMatch, RadixCache, RadixNode
@@ -54,11 +57,13 @@ class PrefixCaching:
         allocator: BlockAllocator,
         host: HostPrefixTier | None = None,
         ops: list[BlockOp] | None = None,
+        events: BlockEventTracker | None = None,
     ) -> None:
         self.cache = cache
         self.allocator = allocator
         self.host = host  # chapter 05's exercise 5.3: demotes evicted blocks, promotes them
         self.ops = ops if ops is not None else []  # host-tier copies for the worker, in order
+        self.events = events  # KV events: what each tier holds, for a router
         self.block_size = cache.block_size
         self.stats = PrefixCacheStats()
         self._timing = False  # inside a timed call: a nested one is counted already
@@ -122,6 +127,8 @@ class PrefixCaching:
         match = self._timed(self.cache.insert, tokens, table.blocks[:full])
         if self.host is not None:  # to demote them under their keys later
             self.host.remember(tokens, match.blocks)
+        if self.events is not None:
+            self.events.stored(tokens, match.blocks)
         written = full if computed is None else computed // self.block_size
         table.adopt_prefix(self.allocator, match.blocks[:written])
         self._timed(self.cache.lock, match.node)
@@ -150,14 +157,18 @@ class PrefixCaching:
         short = num_blocks - self.allocator.num_free
         if short > 0:
             self.stats.evicted_blocks += self._timed(self.cache.evict, short)
-            self._demote_evicted()
+            evicted = self.events.evicted(self.allocator) if self.events is not None else []
+            self._demote_evicted(evicted)
 
     # --- the host tier ---
 
-    def _demote_evicted(self) -> None:
-        """Blocks just evicted are free but still hold their KV: copy them to the host."""
+    def _demote_evicted(self, evicted: list[BlockKey]) -> None:
+        """Blocks just evicted (keyed `evicted` when events are on) are free but still hold
+        their KV: copy them to the host."""
         if self.host is not None:
             self.ops += self.host.demote_evicted(self.allocator)
+            if self.events is not None:
+                self.events.host_changed(self.host, evicted)
 
     def _promote(self, token_ids: list[int], match: PrefixMatch) -> PrefixMatch:
         """Extend a device match with the blocks that follow it on the host, copied back
@@ -166,6 +177,9 @@ class PrefixCaching:
         args = (match, token_ids, self.cache, self.allocator, self.make_room, self.ops)
         extended = self._timed(self.host.extend, *args)
         self.stats.promoted_blocks += extended.num_blocks - match.num_blocks
+        if self.events is not None and extended is not match:  # promoted: host -> device
+            self.events.stored(token_ids[: extended.num_blocks * self.block_size], extended.blocks)
+            self.events.host_changed(self.host, [])
         return extended
 
     def _timed(self, method: Callable[..., T], *args: object) -> T:

@@ -120,6 +120,17 @@ def create_app(
             raise APIError(503, "the engine loop is not running", code="engine_dead")
         return JSONResponse({"status": "ok"})
 
+    @app.get("/v1/kv_events", responses=errors(404))
+    async def kv_events(request: Request) -> JSONResponse:
+        info = driven.kv_events_info()
+        if info is None:
+            raise APIError(404, "this server publishes no KV events; start it with "
+                           "--enable-prefix-caching --kv-events-config "
+                           "'{\"enable_kv_cache_events\": true}'", code="not_found")  # fmt: skip
+        if info["host"] in ("*", "0.0.0.0"):  # bound everywhere: the address the client used
+            info = {**info, "host": request.url.hostname}
+        return JSONResponse(info)
+
     @app.get("/metrics", response_class=Response, responses=PROMETHEUS_TEXT)
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)

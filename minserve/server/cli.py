@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minserve.config import KV_CACHE_DTYPES, SCHEDULING_POLICIES
+from minserve.config import KV_CACHE_DTYPES, SCHEDULING_POLICIES, KVEventsConfig
 from minserve.disagg.topology import PDTopology
 from minserve.speculative.config import SpeculativeConfig
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from minserve.server.app import Server
 
 SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
+KV_EVENTS_EXAMPLE = '{"enable_kv_cache_events": true}'
 
 
 def add_serve_parser(commands: argparse._SubParsersAction) -> None:
@@ -45,6 +46,11 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
                    help="KV cache storage: auto (the model's dtype) or 8 bits")  # fmt: skip
     p.add_argument("--swap-space", type=float, default=0.0, help="GiB of host swap for KV")
     p.add_argument("--enable-prefix-caching", action="store_true", help="radix prefix cache")
+    p.add_argument("--kv-offloading-size", type=float, default=0.0,
+                   help="GiB of host memory for evicted prefix-cache blocks")  # fmt: skip
+    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help=f"publish the prefix cache's blocks for a router, e.g. "
+                   f"'{KV_EVENTS_EXAMPLE}' (docs/state_plane.md)")  # fmt: skip
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
@@ -88,6 +94,23 @@ def speculative_config(text: str | None) -> dict[str, Any] | None:
         raise ValueError(
             f"--speculative-config {text!r}: {e}\n"
             f"  for example: --speculative-config '{SPECULATIVE_EXAMPLE}'"
+        ) from e
+    return options
+
+
+def kv_events_config(text: str | None) -> dict[str, Any] | None:
+    """--kv-events-config's JSON object, checked before the model loads."""
+    if text is None:
+        return None
+    try:
+        options = json.loads(text)
+        if not isinstance(options, dict):
+            raise ValueError(f"expected a JSON object, got {type(options).__name__}")
+        KVEventsConfig.from_dict(options)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"--kv-events-config {text!r}: {e}\n"
+            f"  for example: --kv-events-config '{KV_EVENTS_EXAMPLE}'"
         ) from e
     return options
 
@@ -186,6 +209,8 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes, swap_space=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.enable_prefix_caching,
+        kv_offloading_size=args.kv_offloading_size,
+        kv_events_config=kv_events_config(args.kv_events_config),
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, attention_backend=args.attention_backend,
