@@ -28,8 +28,11 @@ class CacheConfig:
     kv_offloading_size: float = 0.0  # GiB of host memory for evicted cached blocks (0: drop them)
     gpu_memory_utilization: float = 0.9  # on a GPU with no size given: the share of its memory
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "fp8_e4m3", "fp8_e5m2", "int8"
+    kv_disk_path: str | None = None  # a directory for the disk tier (None: no disk tier)
+    kv_disk_size: float = 16.0  # GiB of blocks the disk tier keeps (least recently used go)
 
     def __post_init__(self) -> None:
+        self._check_disk()
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; "
@@ -60,6 +63,18 @@ class CacheConfig:
                 "kv_offloading_size keeps evicted prefix-cache blocks in host memory; "
                 "it needs enable_prefix_caching=True"
             )
+
+
+    def _check_disk(self) -> None:
+        if self.kv_disk_path is None:
+            return
+        if not self.enable_prefix_caching:
+            raise ValueError(
+                "kv_disk_path writes the prefix cache's blocks to disk; it needs "
+                "enable_prefix_caching=True"
+            )
+        if not self.kv_disk_size > 0:
+            raise ValueError(f"kv_disk_size (GiB) must be > 0, got {self.kv_disk_size}")
 
 
 @dataclass(frozen=True)

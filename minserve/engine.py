@@ -44,9 +44,12 @@ from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.kvcache.block_events import BlockEventTracker
 from minserve.kvcache.block_key import KVFingerprint, weights_digest
-from minserve.kvcache.host_tier import host_tier_for
+from minserve.kvcache.disk_store import DiskBlockStore
+from minserve.kvcache.disk_tier import DiskTier
+from minserve.kvcache.host_tier import TierCosts, host_tier_for
 from minserve.kvcache.kv_event_socket import kv_event_publisher
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
+from minserve.kvcache.load_plan import measure_disk_speed, measure_host_speed
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.loader import LoadedModel
@@ -181,7 +184,12 @@ class LLMEngine:
         runner = loaded.platform.runner(loaded.model, pool, backend)
         if plugins.flat_batch is not None:  # chapter 03's layout of a step's batch
             runner.use_flat_batch(plugins.flat_batch)
-        self.worker = Worker(runner, plugins.sampler, args.speculative, peers)
+        disk_store = (
+            DiskBlockStore(cache_config.kv_disk_path, int(cache_config.kv_disk_size * GIB))
+            if cache_config.kv_disk_path is not None
+            else None
+        )
+        self.worker = Worker(runner, plugins.sampler, args.speculative, peers, disk_store)
         if self.execution.attention == "triton" and pool.device.type == "cuda":
             seconds = warm_up(self.worker, scheduler_config.max_num_batched_tokens)
             logger.info("warm-up: the Triton kernels' step shapes ran once in %.1f s", seconds)
@@ -230,23 +238,38 @@ class LLMEngine:
             if cache_config.swap_space > 0
             else None
         )
-        prefix_cache = host_tier = None
+        prefix_cache = host_tier = events = disk = None
         if cache_config.enable_prefix_caching:
             prefix_cache = plugins.prefix_cache_cls(pool.block_size, allocator)
-            if cache_config.kv_offloading_size > 0:
-                costs = self.worker.measure_tier_costs()
-                root = self.kv_fingerprint(pool).root()  # the host tier's keys chain from it
+            lower_tiers = cache_config.kv_offloading_size > 0 or self.worker.disk_store is not None
+            costs = self.worker.measure_tier_costs() if lower_tiers else None
+            root = self.kv_fingerprint(pool).root()  # block keys chain from it
+            if costs is not None and cache_config.kv_offloading_size > 0:
                 host_tier = host_tier_for(
                     cache_config, pool.block_size, pool.block_nbytes, costs, root,
                     plugins.host_tier_cls,  # minserve's HostPrefixTier, or chapter 05's
                 )  # fmt: skip
-        events = None
-        if self.args.kv_events is not None:  # the tiers' blocks, published for a router
-            events = BlockEventTracker(self.kv_fingerprint(pool).root(), pool.block_size)
+            if self.args.kv_events is not None or self.worker.disk_store is not None:
+                events = BlockEventTracker(root, pool.block_size)  # keys every cached block
+            if costs is not None and self.worker.disk_store is not None:
+                disk = self._disk_tier(self.worker.disk_store, pool, costs)
         return KVCacheManager(
             allocator, pool.block_size, swap, prefix_cache, host_tier, plugins.block_table_cls,
-            events,
+            events, disk,
         )  # fmt: skip
+
+    def _disk_tier(self, store: DiskBlockStore, pool: PagedKVPool, costs: TierCosts) -> DiskTier:
+        """The disk tier, its speed measured on its own directory (cold reads, then the copy
+        up into the pool)."""
+        disk = measure_disk_speed(store.directory, pool.read_blocks([0]))
+        speed = disk.then(measure_host_speed(pool))
+        logger.info(
+            "disk tier at %s: %.2f GB/s, %.2f ms a request (prefill %.0f tokens/s)",
+            store.directory, speed.bytes_per_s / 1e9, speed.latency_s * 1e3,
+            costs.prefill_tokens_per_s,
+        )  # fmt: skip
+        return DiskTier(store, pool.block_size, pool.block_nbytes, speed,
+                        costs.prefill_tokens_per_s)  # fmt: skip
 
     def kv_fingerprint(self, pool: PagedKVPool) -> KVFingerprint:
         """What makes this engine's KV blocks the bytes they are (`kvcache/block_key.py`)."""
@@ -400,6 +423,7 @@ class LLMEngine:
         clock.skip()  # the worker timed its own phases
         self._record_step(sched_out)
         update = self.scheduler.update_from_output(sched_out, run_out)
+        self.kv.step_ran()  # the blocks this step computed may be written through
         processed = self.output_processor.process(update)
         self.scheduler.apply_stops(processed.stops)
         failed = update.failed | processed.stops.failed
@@ -464,6 +488,10 @@ class LLMEngine:
             self.tensor_parallel.shutdown()
         if self.kv_events is not None:
             self.kv_events.close()
+        if self.worker.disk_store is not None:
+            if not self.scheduler.has_unfinished:  # the last step's writes, not yet carried out
+                self.worker.execute(self.scheduler.schedule())
+            self.worker.disk_store.close()  # the writes queued so far reach the disk
 
     def get_metrics(self) -> dict[str, float]:
         """Engine counters and gauges (vLLM's names where it has them)."""

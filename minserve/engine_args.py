@@ -48,6 +48,8 @@ class EngineArgs:
     enable_prefix_caching: bool = False
     kv_offloading_size: float = 0.0
     kv_cache_dtype: str = "auto"
+    kv_disk_path: str | Path | None = None  # the disk tier's directory (docs/state_plane.md)
+    kv_disk_size: float = 16.0  # GiB
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
@@ -83,6 +85,7 @@ class EngineArgs:
             self.block_size, self.num_blocks, self.kv_cache_memory_bytes, self.swap_space,
             self.enable_prefix_caching, self.kv_offloading_size, self.gpu_memory_utilization,
             self.kv_cache_dtype,
+            None if self.kv_disk_path is None else str(self.kv_disk_path), self.kv_disk_size,
         )  # fmt: skip
         scheduler = SchedulerConfig(
             self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
@@ -119,6 +122,11 @@ class EngineArgs:
             raise ValueError(
                 "speculative_config needs engine='paged' and tensor_parallel_size=1 "
                 f"(got engine={self.engine!r}, tensor_parallel_size={self.tensor_parallel_size})"
+            )
+        if self.kv_disk_path is not None and not one_process:
+            raise ValueError(
+                "kv_disk_path writes whole blocks from one process's pool; use engine='paged' "
+                "with tensor_parallel_size=1"
             )
         if self.quantization is not None and self.tensor_parallel_size != 1:
             raise ValueError("quantization runs in one process; leave tensor_parallel_size at 1")

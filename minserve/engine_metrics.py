@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from minserve.kvcache.disk_tier import DiskTier
 from minserve.kvcache.manager import KVCacheManager
 from minserve.scheduler.scheduler import Scheduler, SchedulerStats
 from minserve.scheduler.step_time import StepTimeScheduler
@@ -78,4 +79,18 @@ def prefix_cache_metrics(stats: SchedulerStats, kv: KVCacheManager) -> dict[str,
         "prefix_cache_promoted_blocks": upkeep.promoted_blocks if upkeep else 0,
         "host_tier_bytes_out": host.bytes_demoted if host else 0,
         "host_tier_bytes_in": host.bytes_promoted if host else 0,
+        **disk_tier_metrics(prefix.disk if prefix else None),
+    }
+
+
+def disk_tier_metrics(disk: DiskTier | None) -> dict[str, float]:
+    """The disk tier: blocks written through and loaded back, bytes, time spent loading."""
+    stats = disk.stats if disk else None
+    return {
+        "disk_tier_blocks_written": stats.blocks_written if stats else 0,
+        "disk_tier_blocks_loaded": stats.blocks_loaded if stats else 0,
+        "disk_tier_bytes_in": stats.bytes_loaded if stats else 0,
+        "disk_tier_bytes_out": disk.store.stats.bytes_written if disk else 0,
+        "disk_tier_load_seconds": stats.load_seconds if stats else 0.0,
+        "disk_tier_bytes": disk.store.nbytes if disk else 0,
     }

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from minserve.model.sampler import SamplingRow
     from minserve.step_timings import StepTimings
 
@@ -75,7 +77,25 @@ class Promote:
     block: int
 
 
-BlockOp = CopyBlocks | SwapOut | SwapIn | DropSwapped | Demote | Promote
+@dataclass(frozen=True, eq=False)
+class DiskWrite:
+    """Disk tier: a computed cached block's KV is written through under its content key
+    (the worker hands it to the store's writer thread)."""
+
+    block: int
+    key: bytes
+
+
+@dataclass(frozen=True, eq=False)
+class DiskLoad:
+    """Disk tier: KV read from disk (by the scheduler, which checked it) goes into `block`.
+    [layers, 2, 1, block_size, kv_heads, head_dim], the pool's storage dtype."""
+
+    block: int
+    data: torch.Tensor
+
+
+BlockOp = CopyBlocks | SwapOut | SwapIn | DropSwapped | Demote | Promote | DiskWrite | DiskLoad
 
 
 # --- scheduler -> worker ---

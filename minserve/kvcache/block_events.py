@@ -8,6 +8,7 @@ content key (`block_key.py`) and turns the change into events (`kv_events.py`):
     radix tree caches blocks      -> BlockStored(keys, parent, "device")
     eviction frees cached blocks  -> BlockRemoved(keys, "device")
     host tier gains / loses keys  -> BlockStored / BlockRemoved(keys, "host")
+    disk writes / evicts files    -> BlockStored / BlockRemoved(keys, "disk")
 
 The tracker only watches: it changes nothing the cache decides, and the engine publishes
 what it gathered once per step (`take`).
@@ -40,20 +41,22 @@ class BlockEventTracker:
         """The key of a block the radix tree holds (None: the tree does not hold it)."""
         return self._device.get(block)
 
-    def stored(self, tokens: Sequence[int], blocks: Sequence[int]) -> None:
+    def stored(self, tokens: Sequence[int], blocks: Sequence[int]) -> list[tuple[int, BlockKey]]:
         """The radix tree holds `blocks`, the KV of `tokens` from a prompt's start. The
         blocks it held before lead the list (a tree holds whole prefixes); key the others,
-        chaining from the last known key, and report them stored on the device."""
+        chaining from the last known key, and report them stored on the device. Returns
+        the blocks newly keyed, with their keys."""
         known = 0
         while known < len(blocks) and blocks[known] in self._device:
             known += 1
         if known == len(blocks):
-            return
+            return []
         parent = self._device[blocks[known - 1]] if known else None
         size, chain = self.block_size, self.root if parent is None else parent
         keys = block_keys(chain, tokens[known * size : len(blocks) * size], size)
         self._device.update(zip(blocks[known:], keys, strict=True))
         self._pending.append(BlockStored(tuple(keys), parent, "device"))
+        return list(zip(blocks[known:], keys, strict=True))
 
     def evicted(self, allocator: BlockAllocator) -> list[BlockKey]:
         """Eviction just ran: the tree's blocks that nothing references any more left the
@@ -75,6 +78,13 @@ class BlockEventTracker:
         if arrived:
             self._pending.append(BlockStored(tuple(dict.fromkeys(arrived)), None, "host"))
         self._host = now
+
+    def disk_changed(self, written: Sequence[BlockKey], evicted: Sequence[BlockKey]) -> None:
+        """The disk tier queued `written` and removed `evicted` for room."""
+        if written:
+            self._pending.append(BlockStored(tuple(written), None, "disk"))
+        if evicted:
+            self._pending.append(BlockRemoved(tuple(evicted), "disk"))
 
     def take(self) -> tuple[KVEvent, ...]:
         """The events gathered since the last call, in order."""

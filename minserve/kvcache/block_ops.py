@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from minserve.kvcache.disk_store import DiskBlockStore
 from minserve.kvcache.host_store import HostBlockStore
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.messages import (
     BlockOp,
     CopyBlocks,
     Demote,
+    DiskLoad,
+    DiskWrite,
     DropSwapped,
     Promote,
     SwapIn,
@@ -23,9 +26,14 @@ from minserve.messages import (
 
 
 def apply_block_ops(
-    ops: Iterable[BlockOp], pool: PagedKVPool, swap: HostBlockStore, tier: HostBlockStore
+    ops: Iterable[BlockOp],
+    pool: PagedKVPool,
+    swap: HostBlockStore,
+    tier: HostBlockStore,
+    disk: DiskBlockStore | None = None,
 ) -> None:
-    """Copy-on-write copies, swaps out and in, host-tier demotions and promotions."""
+    """Copy-on-write copies, swaps out and in, host-tier demotions and promotions, disk-tier
+    writes (queued for the store's writer thread) and loads."""
     copies: list[tuple[int, int]] = []  # consecutive copies go together, in one gather
     for op in ops:
         if isinstance(op, CopyBlocks):
@@ -43,6 +51,12 @@ def apply_block_ops(
             tier.save(op.slot, pool, (op.block,))
         elif isinstance(op, Promote):
             tier.restore(op.slot, pool, (op.block,))
+        elif isinstance(op, DiskWrite):
+            if disk is None:
+                raise ValueError("a disk write with no disk tier (kv_disk_path unset)")
+            disk.put(op.key, pool.read_blocks([op.block]))
+        elif isinstance(op, DiskLoad):
+            pool.write_blocks([op.block], op.data)
         else:
             raise TypeError(f"unknown block operation {op!r}")
     pool.copy_blocks(copies)

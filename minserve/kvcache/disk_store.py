@@ -15,7 +15,8 @@ One file per block (vLLM's KV offloading to a file system, SGLang HiCache's stor
   shared on one machine); each bounds what it knows of, and a file another one removed is
   simply a miss.
 - **Off the critical path.** `put` hands the block to a writer thread and returns; `flush`
-  waits for the writes queued so far.
+  waits for the writes queued so far. A block queued and not yet written is already
+  `in` the store, and `get` returns it from memory.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class DiskBlockStore:
         self._lock = threading.Lock()  # the index: the writer thread and readers share it
         self._index: OrderedDict[BlockKey, int] = OrderedDict()  # key -> bytes, LRU first
         self._nbytes = 0
+        self._queued: dict[BlockKey, torch.Tensor] = {}  # put, not yet on disk
+        self._evicted: list[BlockKey] = []  # removed for room since `take_evicted`
         self._rebuild_index()
         self._queue: queue.Queue[tuple[BlockKey, torch.Tensor] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="kv-disk", daemon=True)
@@ -104,7 +107,7 @@ class DiskBlockStore:
 
     def __contains__(self, key: BlockKey) -> bool:
         """Whether the block is on disk now (another instance may have written it)."""
-        return key in self._index or self.path(key).exists()
+        return key in self._index or key in self._queued or self.path(key).exists()
 
     def path(self, key: BlockKey) -> Path:
         """Where the block keyed `key` lives: a folder per first byte, the key in hex."""
@@ -116,7 +119,10 @@ class DiskBlockStore:
 
     def put(self, key: BlockKey, block: torch.Tensor) -> None:
         """Write `block` under `key` in the background (a copy is taken now, on the host)."""
-        self._queue.put((key, block.detach().to("cpu", copy=True).contiguous()))
+        copy = block.detach().to("cpu", copy=True).contiguous()
+        with self._lock:
+            self._queued[key] = copy
+        self._queue.put((key, copy))
 
     def flush(self) -> None:
         """Wait until every block queued so far is on disk."""
@@ -145,6 +151,7 @@ class DiskBlockStore:
             f.write(data)
         os.replace(temp, final)  # atomic: readers see all of it or none
         with self._lock:
+            self._queued.pop(key, None)
             self._nbytes -= self._index.pop(key, 0)
             self._index[key] = len(data)
             self._nbytes += len(data)
@@ -157,12 +164,24 @@ class DiskBlockStore:
             self._nbytes -= size
             self.path(key).unlink(missing_ok=True)
             self.stats.evicted += 1
+            self._evicted.append(key)
+
+    def take_evicted(self) -> list[BlockKey]:
+        """The keys removed to stay within capacity since the last call."""
+        with self._lock:
+            evicted, self._evicted = self._evicted, []
+        return evicted
 
     # --- reading ---
 
     def get(self, key: BlockKey) -> torch.Tensor | None:
         """The block keyed `key`, read from disk; None on a miss. A file that is not a
         valid block counts as a miss and is removed."""
+        with self._lock:
+            queued = self._queued.get(key)
+        if queued is not None:
+            self.stats.hits += 1
+            return queued.clone()
         path = self.path(key)
         try:
             data = path.read_bytes()

@@ -19,6 +19,7 @@ import math
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_events import BlockEventTracker
 from minserve.kvcache.block_table import BlockTable
+from minserve.kvcache.disk_tier import DiskTier
 from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.prefix_caching import PrefixCaching
 from minserve.kvcache.radix_cache import RadixCache
@@ -37,7 +38,8 @@ class KVCacheManager:
         prefix_cache: RadixCache | None = None,
         host_tier: HostPrefixTier | None = None,
         table_cls: type = BlockTable,  # a class shaped like BlockTable (chapter 01)
-        events: BlockEventTracker | None = None,  # KV events (needs the prefix cache)
+        events: BlockEventTracker | None = None,  # block keys and KV events
+        disk: DiskTier | None = None,  # beneath the host tier (needs `events`)
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
@@ -48,7 +50,7 @@ class KVCacheManager:
         self.prefix_cache = prefix_cache
         self._ops: list[BlockOp] = []  # decided, not yet handed to the worker
         self.prefix = (
-            PrefixCaching(prefix_cache, allocator, host_tier, self._ops, events)
+            PrefixCaching(prefix_cache, allocator, host_tier, self._ops, events, disk)
             if prefix_cache
             else None
         )
@@ -111,6 +113,11 @@ class KVCacheManager:
         """After a step: cache the full blocks among the table's computed tokens."""
         if self.prefix is not None:
             self.prefix.cache_full_blocks(table, token_ids, num_computed)
+
+    def step_ran(self) -> None:
+        """A step's forward ran: the blocks cached so far hold their KV (disk write-through)."""
+        if self.prefix is not None:
+            self.prefix.step_ran()
 
     def truncate(self, table: BlockTable, num_tokens: int) -> None:
         """Keep the slots of the first `num_tokens` tokens; free the blocks past them

@@ -7,8 +7,11 @@ attention reads them, so a request admitted later in the same step already reuse
 Blocks that decodes fill are cached after the step. When the pool runs short, cached
 blocks no sequence holds are evicted before anyone is preempted; with a host tier they
 are demoted to host memory, and a later prompt that continues into them promotes them
-(block operations the worker carries out before the step's forward). With KV events on,
-every change is reported to a `BlockEventTracker` (`block_events.py`) for the router.
+(block operations the worker carries out before the step's forward). Beneath the host
+tier, a disk tier (`disk_tier.py`) gets every cached block written through once a step has
+computed it, and gives back the blocks that continue a match when loading beats
+recomputing. Every change is reported to a `BlockEventTracker` (`block_events.py`), which
+keys the blocks by content, for the disk tier and for a router's KV events.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from typing import TypeVar
 
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_events import BlockEventTracker
-from minserve.kvcache.block_key import BlockKey
+from minserve.kvcache.block_key import BlockKey, block_keys
 from minserve.kvcache.block_table import BlockTable
+from minserve.kvcache.disk_tier import DiskTier
 from minserve.kvcache.host_tier import HostPrefixTier
 from minserve.kvcache.radix_cache import PrefixMatch, RadixCache, RadixNode
-from minserve.messages import BlockOp
+from minserve.messages import BlockOp, DiskLoad
 
 T = TypeVar("T")
 
@@ -43,6 +47,7 @@ class PrefixCacheStats:
 
     evicted_blocks: int = 0
     promoted_blocks: int = 0  # brought back from the host tier
+    disk_loaded_blocks: int = 0  # read back from the disk tier
     # time spent keeping the cache: the radix tree's match, insert, lock and evict, and
     # promotions from the host tier
     upkeep_seconds: float = 0.0
@@ -58,12 +63,17 @@ class PrefixCaching:
         host: HostPrefixTier | None = None,
         ops: list[BlockOp] | None = None,
         events: BlockEventTracker | None = None,
+        disk: DiskTier | None = None,
     ) -> None:
+        if disk is not None and events is None:
+            raise ValueError("a disk tier names blocks by their keys: give the block tracker")
         self.cache = cache
         self.allocator = allocator
         self.host = host  # chapter 05's exercise 5.3: demotes evicted blocks, promotes them
         self.ops = ops if ops is not None else []  # host-tier copies for the worker, in order
         self.events = events  # KV events: what each tier holds, for a router
+        self.disk = disk
+        self._unwritten: list[tuple[int, BlockKey]] = []  # cached, computed after this step
         self.block_size = cache.block_size
         self.stats = PrefixCacheStats()
         self._timing = False  # inside a timed call: a nested one is counted already
@@ -90,6 +100,8 @@ class PrefixCaching:
         match = self._timed(self.cache.match_prefix, token_ids[:usable])
         if self.host is not None:
             match = self._promote(token_ids[:usable], match)
+        if self.disk is not None:
+            match = self._timed(self._load_from_disk, token_ids[:usable], match)
         if not match.blocks:
             return 0
         self._timed(self.cache.lock, match.node)
@@ -127,8 +139,7 @@ class PrefixCaching:
         match = self._timed(self.cache.insert, tokens, table.blocks[:full])
         if self.host is not None:  # to demote them under their keys later
             self.host.remember(tokens, match.blocks)
-        if self.events is not None:
-            self.events.stored(tokens, match.blocks)
+        self._keyed(tokens, match.blocks)
         written = full if computed is None else computed // self.block_size
         table.adopt_prefix(self.allocator, match.blocks[:written])
         self._timed(self.cache.lock, match.node)
@@ -178,8 +189,61 @@ class PrefixCaching:
         extended = self._timed(self.host.extend, *args)
         self.stats.promoted_blocks += extended.num_blocks - match.num_blocks
         if self.events is not None and extended is not match:  # promoted: host -> device
-            self.events.stored(token_ids[: extended.num_blocks * self.block_size], extended.blocks)
+            self._keyed(token_ids[: extended.num_blocks * self.block_size], extended.blocks)
             self.events.host_changed(self.host, [])
+        return extended
+
+    # --- block keys and the disk tier ---
+
+    def _keyed(self, tokens: list[int], blocks: list[int]) -> None:
+        """The tree holds `blocks` (the KV of `tokens`): key the new ones; with a disk tier,
+        write them through once the step that computes them has run (`step_ran`)."""
+        if self.events is not None:
+            keyed = self.events.stored(tokens, blocks)
+            if self.disk is not None:
+                self._unwritten += keyed
+
+    def step_ran(self) -> None:
+        """The step computed every block cached so far: queue their disk writes, first in
+        the next step's block operations (before anything reuses those blocks)."""
+        if self.disk is None or self.events is None:
+            return
+        keyed = [(b, k) for b, k in self._unwritten if self.events.key_of(b) == k]
+        self._unwritten = []
+        writes = self.disk.write_through(keyed)
+        self.ops += writes
+        self.events.disk_changed([w.key for w in writes], self.disk.store.take_evicted())
+
+    def _load_from_disk(self, token_ids: list[int], match: PrefixMatch) -> PrefixMatch:
+        """Extend a match with the blocks that follow it on disk, read back into fresh
+        device blocks and cached again, as many as the load-or-recompute rule says."""
+        assert self.disk is not None and self.events is not None
+        size = self.block_size
+        parent = self.events.key_of(match.blocks[-1]) if match.blocks else self.events.root
+        if parent is None:  # a matched block the tracker has not keyed: cannot name the rest
+            return match
+        keys = block_keys(parent, token_ids[match.num_blocks * size :], size)
+        count = self.disk.num_to_load(keys, len(token_ids) // size - match.num_blocks)
+        loaded: list[int] = []
+        self.cache.lock(match.node)  # held while room is made: the match stays cached
+        for key in keys[:count]:
+            self.make_room(1)
+            data = self.disk.read(key) if self.allocator.can_allocate(1) else None
+            if data is None:  # no room, or the file went away: recompute from here
+                break
+            loaded.append(self.allocator.allocate())
+            self.ops.append(DiskLoad(loaded[-1], data))
+        self.cache.unlock(match.node)
+        if not loaded:
+            return match
+        tokens = token_ids[: (match.num_blocks + len(loaded)) * size]
+        extended = self.cache.insert(tokens, match.blocks + loaded)
+        if self.host is not None:
+            self.host.remember(tokens, extended.blocks)
+        self._keyed(tokens, extended.blocks)
+        for block in loaded:  # the tree holds them now
+            self.allocator.free(block)
+        self.stats.disk_loaded_blocks += len(loaded)
         return extended
 
     def _timed(self, method: Callable[..., T], *args: object) -> T:

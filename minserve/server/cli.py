@@ -48,6 +48,10 @@ def add_serve_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--enable-prefix-caching", action="store_true", help="radix prefix cache")
     p.add_argument("--kv-offloading-size", type=float, default=0.0,
                    help="GiB of host memory for evicted prefix-cache blocks")  # fmt: skip
+    p.add_argument("--kv-disk-path", default=None, metavar="DIR",
+                   help="the disk tier: cached blocks written through to files here, read "
+                   "back on a match (a directory several servers may share)")  # fmt: skip
+    p.add_argument("--kv-disk-size", type=float, default=16.0, help="GiB the disk tier keeps")
     p.add_argument("--kv-events-config", default=None, metavar="JSON",
                    help=f"publish the prefix cache's blocks for a router, e.g. "
                    f"'{KV_EVENTS_EXAMPLE}' (docs/state_plane.md)")  # fmt: skip
@@ -210,6 +214,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.enable_prefix_caching,
         kv_offloading_size=args.kv_offloading_size,
+        kv_disk_path=args.kv_disk_path, kv_disk_size=args.kv_disk_size,
         kv_events_config=kv_events_config(args.kv_events_config),
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,

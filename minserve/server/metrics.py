@@ -53,6 +53,17 @@ COUNTERS = {
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
     "num_steps_capped": ("engine_steps_capped", "Steps that ran fewer prompt tokens than were "
                          "waiting, to keep the step-time target"),
+    # the KV tiers beneath the device: hits (blocks brought back), bytes, time
+    "prefix_cache_promoted_blocks": ("host_tier_hit_blocks", "Cached blocks copied back from "
+                                     "the host tier"),
+    "host_tier_bytes_in": ("host_tier_bytes_in", "Bytes copied back from the host tier"),
+    "host_tier_bytes_out": ("host_tier_bytes_out", "Bytes demoted to the host tier"),
+    "disk_tier_blocks_loaded": ("disk_tier_hit_blocks", "Cached blocks read back from the disk "
+                                "tier"),
+    "disk_tier_bytes_in": ("disk_tier_bytes_in", "Bytes read back from the disk tier"),
+    "disk_tier_bytes_out": ("disk_tier_bytes_out", "Bytes written through to the disk tier"),
+    "disk_tier_load_seconds": ("disk_tier_load_seconds", "Seconds spent reading blocks from the "
+                               "disk tier for requests"),
 }  # fmt: skip
 # with a step-time or TTFT target (exported only then): what the engine measured
 STEP_TIME_GAUGES = {

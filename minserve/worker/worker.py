@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 
 from minserve.kvcache.block_ops import apply_block_ops
+from minserve.kvcache.disk_store import DiskBlockStore
 from minserve.kvcache.host_store import HostBlockStore
 from minserve.kvcache.host_tier import TierCosts
 from minserve.kvcache.paged_pool import PagedKVPool
@@ -69,12 +70,14 @@ class Worker:
         sampler: Sampler | None = None,
         speculative_config: SpeculativeConfig | None = None,
         peers: StepPeers | None = None,
+        disk_store: DiskBlockStore | None = None,  # the disk tier's files (its writer)
     ) -> None:
         self.runner = runner  # the platform's: the model over the paged pool
         self.pool: PagedKVPool = runner.kv
         self.sampler = sampler or Sampler()
         self.swap_store = HostBlockStore()  # preempted sequences' blocks, by sequence id
         self.tier_store = HostBlockStore()  # the prefix cache's host tier, by slot
+        self.disk_store = disk_store
         self.speculator = (
             SpeculativeDecoder(speculative_config, self.runner) if speculative_config else None
         )
@@ -96,7 +99,9 @@ class Worker:
         the forward, the samples."""
         clock = PhaseClock()
         self.release(scheduler_output.finished_seq_ids)
-        apply_block_ops(scheduler_output.block_ops, self.pool, self.swap_store, self.tier_store)
+        apply_block_ops(
+            scheduler_output.block_ops, self.pool, self.swap_store, self.tier_store, self.disk_store
+        )
         clock.lap("prepare")
         chunks = scheduler_output.chunks
         proposal = None
