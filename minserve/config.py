@@ -64,7 +64,6 @@ class CacheConfig:
                 "it needs enable_prefix_caching=True"
             )
 
-
     def _check_disk(self) -> None:
         if self.kv_disk_path is None:
             return

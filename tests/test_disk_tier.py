@@ -133,3 +133,20 @@ def test_disk_options_are_checked(tiny_model, tmp_path) -> None:
     with pytest.raises(ValueError, match="kv_disk_size"):
         LLM(tiny_model("llama"), enable_prefix_caching=True, kv_disk_path=tmp_path,
             kv_disk_size=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_8_bit_blocks_round_trip(tiny_model, tmp_path, kv_cache_dtype) -> None:
+    """Blocks stored in 8 bits (with their scales) load back to the same tokens as the
+    same engine computing them."""
+    prompts, params = round_robin_workload()
+    plain = LLM(tiny_model("llama"), enable_prefix_caching=True, block_size=4, num_blocks=12,
+                max_num_seqs=1, kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    want = token_ids(plain.generate(prompts, params, use_tqdm=False))
+    first = _llm(tiny_model, tmp_path, kv_cache_dtype=kv_cache_dtype)
+    first.generate(prompts[:4], params, use_tqdm=False)
+    first.engine.shutdown()
+    second = _llm(tiny_model, tmp_path, kv_cache_dtype=kv_cache_dtype)
+    assert token_ids(second.generate(prompts, params, use_tqdm=False)) == want
+    assert second.get_metrics()["disk_tier_blocks_loaded"] > 0
+    second.engine.shutdown()

@@ -38,8 +38,9 @@ MAGIC = b"minserve-kv-block v1\n"
 SUFFIX = ".kvb"
 _DTYPES = {
     str(d).removeprefix("torch."): d
-    for d in (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8)
-}
+    for d in (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8,
+              torch.float8_e4m3fn, torch.float8_e5m2)  # the KV pool's storage dtypes
+}  # fmt: skip
 _TEMP = ".tmp-"
 
 
