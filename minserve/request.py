@@ -1,10 +1,15 @@
 """A request as the scheduler sees it: token ids, sampling settings and the token stop rules.
 
 One `Request` holds `n` `Sample`s (vLLM's `n`): each is one sequence with its own output
-tokens, random generator and finish reason. `Sample.append` applies the rules that look at
-token ids only (EOS, stop token ids, max_tokens, the model's length limit, a structured
-output's grammar); text, stop strings and logprobs belong to the output processor
-(`minserve/output_processor.py`), which turns the new tokens into what the caller sees.
+tokens, random generator and finish reason. A seeded sample's generator is re-seeded before
+every draw from (seed, sample index, position, purpose) (`minserve/model/seeded_draws.py`):
+its tokens follow from the request and the tokens before them, so a request continued from
+its prompt plus the tokens generated so far draws the same ones.
+
+`Sample.append` applies the rules that look at token ids only (EOS, stop token ids,
+max_tokens, the model's length limit, a structured output's grammar); text, stop strings and
+logprobs belong to the output processor (`minserve/output_processor.py`), which turns the new
+tokens into what the caller sees.
 
 A sample asked for structured output owns its grammar matcher (`minserve/structured/`):
 `Sample.append` advances it with each token kept, next to the tokens themselves, so the
@@ -65,6 +70,7 @@ class Sample:
             generator=self.generator,
             eos_token_ids=() if self.params.ignore_eos else rules.eos_token_ids,
             constraint=self.constraint,
+            sample_index=self.index,
         )
 
     def append(self, token_id: int, rules: StopRules) -> None:
@@ -131,7 +137,7 @@ class Request:
                 "(LLM(engine='paged')); the reference engine has none"
             )
         samples = [
-            Sample(i, params, prompt_token_ids, seeded_generator(params.seed, i), constraint=c)
+            Sample(i, params, prompt_token_ids, seeded_generator(params.seed), constraint=c)
             for i, c in enumerate(_forked(constraint, params.n))
         ]
         arrival = time.monotonic() if arrival_time is None else arrival_time
@@ -149,19 +155,15 @@ def _forked(constraint: GrammarMatcher | None, n: int) -> list[GrammarMatcher | 
     return [constraint, *(constraint.fork() for _ in range(n - 1))]
 
 
-SEED_MODULUS = 2**64  # torch.Generator.manual_seed takes [-2**63, 2**64); we take [0, 2**64)
+def seeded_generator(seed: int | None) -> torch.Generator | None:
+    """A seeded sample's own CPU generator (None when unseeded): so seeded results do not
+    depend on what else is in the batch.
 
-
-def seeded_generator(seed: int | None, index: int) -> torch.Generator | None:
-    """Sample `index`'s own RNG, so seeded results do not depend on what else is in the batch.
-
-    Any integer seed works: the value is taken modulo 2**64. The multiplier is odd, so
-    seed -> seed * 1_000_003 is a bijection modulo 2**64: distinct 64-bit seeds draw
-    distinct streams, and seeds equal modulo 2**64 draw the same one.
+    It holds no stream of its own: the sampler re-seeds it in place before each draw with
+    the key of (seed modulo 2**64, sample index, position, purpose)
+    (`minserve/model/seeded_draws.py`), so what it draws never depends on its earlier draws.
     """
-    if seed is None:
-        return None
-    return torch.Generator().manual_seed((seed * 1_000_003 + index) % SEED_MODULUS)
+    return None if seed is None else torch.Generator()
 
 
 def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:

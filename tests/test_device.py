@@ -121,7 +121,7 @@ def test_seeded_rows_draw_on_their_cpu_generator_for_any_device(monkeypatch) -> 
         return real_rand(*size, generator=generator, device=device, **options)
 
     rows = [
-        SamplingRow(SamplingParams(seed=seed), [1], [], seeded_generator(seed, 0), ())
+        SamplingRow(SamplingParams(seed=seed), [1], [], seeded_generator(seed), ())
         for seed in (7, None, 8)
     ]
     on_cpu = row_uniforms(rows, torch.device("cpu"))
@@ -141,4 +141,4 @@ def replace_generator(row):
 
     if row.generator is None:
         return row
-    return replace(row, generator=seeded_generator(row.params.seed, 0))
+    return replace(row, generator=seeded_generator(row.params.seed))

@@ -58,10 +58,19 @@ def test_temperature_below_1e5_is_greedy() -> None:
     assert Sampler()(logits, rows).token_ids == logits.argmax(dim=-1).tolist()
 
 
+def _step(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+    """One decode step: each row's token, appended to its output (a seeded draw is keyed by
+    the row's position, which moves on with it)."""
+    tokens = Sampler()(logits, rows).token_ids
+    for row, token in zip(rows, tokens, strict=True):
+        row.output_token_ids.append(token)  # type: ignore[attr-defined]
+    return tokens
+
+
 def _draw(seed: int, steps: int = 10) -> list[int]:
     """`steps` tokens of one seeded row sampled alone."""
     row = _row(seed=seed)
-    return [Sampler()(_flat_logits(1, seed=step), [row]).token_ids[0] for step in range(steps)]
+    return [_step(_flat_logits(1, seed=step), [row])[0] for step in range(steps)]
 
 
 def test_seeded_sampling_is_reproducible() -> None:
@@ -84,7 +93,7 @@ def test_seeded_row_ignores_batch_mates_and_row_order() -> None:
         for step in range(len(alone)):
             logits = _flat_logits(len(batch), seed=100 + step)
             logits[position] = _flat_logits(1, seed=step)[0]
-            tokens.append(Sampler()(logits, batch).token_ids[position])
+            tokens.append(_step(logits, batch)[position])
         assert tokens == alone, f"row order {order}"
 
 

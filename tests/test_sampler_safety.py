@@ -9,13 +9,21 @@ others), the raw logits' argmax for plain greedy rows, and which tokens a row ma
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minserve.model.sampler import FLOAT32_MAX, Sampler, SamplingRow, apply_penalties
+from minserve.model.sampler import (
+    FLOAT32_MAX,
+    Sampler,
+    SamplingRow,
+    apply_penalties,
+    row_uniforms,
+)
+from minserve.model.seeded_draws import draw_key
 from minserve.request import seeded_generator
 from minserve.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
@@ -24,7 +32,7 @@ INF = float("inf")
 
 def _row(output: tuple[int, ...] = (), eos: tuple[int, ...] = (), **params: object) -> SamplingRow:
     sampling = SamplingParams(**params)
-    generator = seeded_generator(sampling.seed, 0)
+    generator = seeded_generator(sampling.seed)
     return SamplingRow(sampling, [], list(output), generator, eos)
 
 
@@ -101,17 +109,17 @@ def test_min_tokens_forbidding_every_token_left_fails_the_row() -> None:
 
 
 @pytest.mark.parametrize("seed", [2**63 - 1, 2**64 - 1, -(2**63), -1, 10**30, -(10**30)])
-def test_any_integer_seed_draws_the_stream_of_its_value_modulo_2_64(seed: int) -> None:
+def test_any_integer_seed_draws_the_numbers_of_its_value_modulo_2_64(seed: int) -> None:
     def draws(s: int) -> list[float]:
-        return torch.rand(5, generator=seeded_generator(s, 1)).tolist()
+        """The sampler's uniform at five positions of sample 1 of a request seeded `s`."""
+        row = SamplingRow(SamplingParams(seed=s), [1], [], seeded_generator(s), sample_index=1)
+        rows = [replace(row, output_token_ids=[2] * i) for i in range(5)]
+        return row_uniforms(rows, torch.device("cpu")).tolist()
 
     assert draws(seed) == draws(seed + 2**64) == draws(seed % 2**64)
     assert draws(seed) != draws(seed + 1)
-
-
-def test_small_seeds_draw_the_streams_they_always_drew() -> None:
-    expected = torch.rand(5, generator=torch.Generator().manual_seed(42 * 1_000_003 + 2))
-    assert torch.equal(torch.rand(5, generator=seeded_generator(42, 2)), expected)
+    keys = [draw_key(s, 1, 4, "sample") for s in (seed, seed + 1, seed + 2**64)]
+    assert keys[0] == keys[2] != keys[1]
 
 
 # --- property: random valid settings x random logits ---
@@ -141,7 +149,7 @@ def sampling_rows(draw: st.DrawFn, vocab: int) -> SamplingRow:
     )
     prompt, output = draw(st.lists(token, max_size=6)), draw(st.lists(token, max_size=6))
     eos = tuple(draw(st.lists(token, max_size=2)))
-    return SamplingRow(params, prompt, output, seeded_generator(params.seed, 0), eos)
+    return SamplingRow(params, prompt, output, seeded_generator(params.seed), eos)
 
 
 @st.composite

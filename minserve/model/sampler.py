@@ -13,9 +13,12 @@ Each row goes through, in order:
 6. greedy rows take the argmax; the others divide by temperature (after shifting the row
    so its largest logit is 0: no probability changes, no division overflows), filter
    (top-k, top-p, min-p) and draw by inverse transform sampling: one uniform number per
-   row, from the row's own generator, so a seeded row's tokens never depend on which other
-   rows share its batch. On a CPU, rows with a temperature and no filter are drawn by a C
-   kernel (`kernels/draw_rows.c`): the same draw, two passes over each row instead of eight.
+   row. A seeded row's number comes from its own generator, re-seeded before the draw with
+   a key of (seed, sample index, position, "sample") (`seeded_draws.py`), so its tokens never
+   depend on which other rows share its batch, nor on how many draws came before: a request
+   continued from its prompt plus the tokens generated so far draws what the original would.
+   On a CPU, rows with a temperature and no filter are drawn by a C kernel
+   (`kernels/draw_rows.c`): the same draw, two passes over each row instead of eight.
 
 The three filters and the penalties are chapter 00's exercises (the marked regions below),
 applying the grammar's bitmask chapter 12's (`token_mask.py`); `Sampler` takes them as
@@ -35,6 +38,7 @@ import torch
 from minserve.errors import GRAMMAR_DEAD_END
 from minserve.kernels import cpu_ops
 from minserve.kernels.build import cpu_kernels
+from minserve.model.seeded_draws import Purpose, reseeded
 from minserve.model.token_mask import BitmaskFn, apply_token_bitmask, bitmask_words
 from minserve.sampling_params import SamplingParams
 
@@ -57,7 +61,12 @@ class TokenConstraint(Protocol):
 
 @dataclass
 class SamplingRow:
-    """One sequence being sampled this step: its options, its tokens so far, its RNG."""
+    """One sequence being sampled this step: its options, its tokens so far, its RNG.
+
+    A row with a seed (`params.seed`) and a generator draws from that generator re-seeded
+    for each draw (`row_generator`); a generator without a seed is drawn as it stands (a
+    caller's own stream); no generator: the global RNG.
+    """
 
     params: SamplingParams
     prompt_token_ids: Sequence[int]
@@ -65,6 +74,12 @@ class SamplingRow:
     generator: torch.Generator | None  # a CPU generator; None: the global RNG
     eos_token_ids: tuple[int, ...] = ()  # forbidden, with stop_token_ids, until min_tokens
     constraint: TokenConstraint | None = None  # structured output: read here, never advanced
+    sample_index: int = 0  # which of its request's n samples: part of a seeded draw's key
+
+    @property
+    def position(self) -> int:
+        """The position of the token drawn next: how many tokens come before it."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
 
 @dataclass
@@ -452,13 +467,24 @@ def per_row(
     return torch.tensor([getattr(row.params, name) for row in rows], dtype=dtype, device=device)
 
 
-def row_uniforms(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
-    """One U[0, 1) draw per row: [rows]. Seeded rows draw from their own generator, a CPU
-    one (so a seed gives the same tokens on any device), and the draws move to `device`."""
+def row_generator(row: SamplingRow, purpose: Purpose = "sample") -> torch.Generator | None:
+    """The generator `row`'s next draw for `purpose` comes from: a seeded row's own, re-seeded
+    in place for (seed, sample index, position, purpose) (`seeded_draws.py`); a generator
+    given without a seed, as it stands; None for the global RNG."""
+    if row.generator is None or row.params.seed is None:
+        return row.generator
+    return reseeded(row.generator, row.params.seed, row.sample_index, row.position, purpose)
+
+
+def row_uniforms(
+    rows: Sequence[SamplingRow], device: torch.device, purpose: Purpose = "sample"
+) -> torch.Tensor:
+    """One U[0, 1) draw per row: [rows]. Rows with a generator draw from `row_generator`, a
+    CPU one (so a seed gives the same tokens on any device), and the draws move to `device`."""
     u = torch.rand(len(rows), device=device)  # the global RNG, for unseeded rows
     seeded = [i for i, row in enumerate(rows) if row.generator is not None]
     if seeded:
-        draws = [torch.rand(1, generator=rows[i].generator)[0] for i in seeded]
+        draws = [torch.rand(1, generator=row_generator(rows[i], purpose))[0] for i in seeded]
         u[seeded] = torch.stack(draws).to(device)
     return u
 

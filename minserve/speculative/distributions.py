@@ -4,7 +4,9 @@ Rejection sampling is exact only if p is the distribution the target's sampler w
 from at that position: after penalties, min_tokens, temperature, top-k, top-p and min-p
 (`processed_logits` applies them in the sampler's order, with the sampler's own filters).
 A model proposer processes its own logits the same way and draws its drafts from that q,
-one uniform per row from the request's generator, as the sampler does.
+one uniform per row as the sampler does; a seeded request's comes from its generator keyed
+by the draft's position and the purpose "draft" (`minserve/model/seeded_draws.py`), apart
+from the numbers its verification draws ("verify"), as rejection sampling needs them to be.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def choose_drafts(
         drawn_rows = [rows[i] for i in drawn]
         processed = processed_logits(sampler, logits[drawn], drawn_rows)  # [drawn, vocab]
         unsampleable |= {drawn[j] for j in unsampleable_rows(processed)}
-        draws = draw_from_logits(processed, row_uniforms(drawn_rows, logits.device)).tolist()
+        uniforms = row_uniforms(drawn_rows, logits.device, purpose="draft")  # [drawn]
+        draws = draw_from_logits(processed, uniforms).tolist()
         for i, token, q in zip(drawn, draws, processed.softmax(dim=-1)):
             tokens[i], probs[i] = token, q
     for i in unsampleable:

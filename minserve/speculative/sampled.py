@@ -6,6 +6,13 @@ processed distribution, or one-hot for deterministic drafts (n-gram). The per-se
 (`rejection_sample`, or the student's verifier of chapter 06) keeps each draft with
 probability min(1, p/q) and ends with one token of the target's. A sequence with a row
 no token can be drawn from (NaN logits, say) gets the reason instead, and fails alone.
+
+A seeded request's round draws from its generator re-seeded with the key of (seed, sample
+index, the round's first position, "verify") (`minserve/model/seeded_draws.py`): a round
+is reproducible from the tokens before it, whatever was drawn earlier. A resumed speculative
+stream is identical to the original only where its rounds start at the same positions: the
+drafts, and so the draws a round makes, depend on where the round starts (and on how many
+drafts the step's budget allowed).
 """
 
 from __future__ import annotations
@@ -14,7 +21,13 @@ from collections.abc import Callable
 
 import torch
 
-from minserve.model.sampler import Sampler, SamplingRow, logprob_dicts, unsampleable_rows
+from minserve.model.sampler import (
+    Sampler,
+    SamplingRow,
+    logprob_dicts,
+    row_generator,
+    unsampleable_rows,
+)
 from minserve.speculative.distributions import processed_logits
 
 RejectionSampler = Callable[[torch.Tensor, torch.Tensor, list[int], torch.Generator], list[int]]
@@ -45,10 +58,16 @@ def verify_sampled(
         else:
             p = probs[first : first + count]  # [k + 1, vocab]
             q = _one_hot(own, p.shape[-1]) if q is None else q.float().cpu()  # [k, vocab]
-            generator = rows[first].generator or torch.default_generator  # the sampler's RNG
+            generator = _round_generator(rows[first])
             kept.append(_checked(rejection_sampler(p, q, own, generator), own))
         first += count
     return _with_logprobs(logits, rows, drafts, kept)
+
+
+def _round_generator(first_row: SamplingRow) -> torch.Generator:
+    """The RNG of one verification round, given the row of its first draft: a seeded
+    request's generator keyed by that position and "verify"; else the global RNG."""
+    return row_generator(first_row, "verify") or torch.default_generator
 
 
 def _one_hot(tokens: list[int], vocab: int) -> torch.Tensor:

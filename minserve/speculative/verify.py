@@ -37,7 +37,8 @@ def rows_for_drafts(row: SamplingRow, drafts: list[int]) -> list[SamplingRow]:
 # The engine verifies a sampling request's drafts with it (speculative_config's
 # "rejection_sampler", default `rejection_sample`): model proposers draw their drafts from q;
 # n-gram drafts are one-hot (accept with probability p(d), else draw from p with d removed,
-# the rule above). Greedy requests keep the rule above.
+# the rule above). Greedy requests keep the rule above. A seeded request's `generator` comes
+# re-seeded for the round (speculative/sampled.py), so a round's draws follow from its history.
 
 
 # >>> exercise 6.1: the residual distribution
