@@ -1,6 +1,6 @@
-"""Cache-aware routing's record: round_robin against cache_aware over the same replicas.
+"""Routing's record: round_robin, cache_aware and kv_aware over the same replicas.
 
-    python -m benchmarks.router --threads 2 --max-load 1.5   # both workloads, both policies
+    python -m benchmarks.router --threads 2 --max-load 1.5   # both workloads, every policy
 
 Runs what `minserve bench router` runs (same options), under a run record, and writes
 router.{json,md,png}: prefix hit rate from the replicas' own counters, goodput and TTFT.
@@ -36,12 +36,13 @@ def markdown(report: dict) -> str:
     record = RunRecord(report["command"], report["date"], report["machine"])
     slos = ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in s["goodput_slos_s"].items())
     rows = [
-        "# Cache-aware routing vs round robin",
+        "# Routing policies: round robin, cache-aware, KV-aware",
         "",
         f"- command: `{report['command']}`",
         f"- date: {report['date']}",
         record.load_line(),
-        f"- {s['replicas']} replicas (prefix caching on) and the router in one process; "
+        f"- {s['replicas']} replicas (prefix caching on; for kv_aware publishing their KV "
+        "events, which the router follows) and the router in one process; "
         f"{s['num_sessions']} sessions per workload at {s['request_rate']} sessions/s "
         f"(Poisson, seed {s['seed']}); multi-turn: {s['num_turns']} turns of {s['input_len']} "
         f"words; shared-prefix: {s['num_prefixes']} prefixes of {s['prefix_len']} tokens, "

@@ -1,4 +1,4 @@
-"""`minserve bench router` runs both policies over fresh replicas on each workload and accounts
+"""`minserve bench router` runs every policy over fresh replicas on each workload and accounts
 for every request: the replicas' own counters add up to what the load generator sent."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def test_bench_router_prints_a_row_per_workload_and_policy(tiny_model, capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| workload | policy | requests per replica | prefix hit rate |")
     assert [row.split(" | ")[:2] for row in rows[1:]] == [
-        ["| multi-turn", "round_robin"], ["| multi-turn", "cache_aware"]
+        ["| multi-turn", "round_robin"], ["| multi-turn", "cache_aware"],
+        ["| multi-turn", "kv_aware"],
     ]  # fmt: skip
 
 

@@ -1,12 +1,13 @@
-"""`minserve bench router`: round_robin against cache_aware routing over the same replicas.
+"""`minserve bench router`: round_robin, cache_aware and kv_aware over the same replicas.
 
     minserve bench router --threads 2      # prints a row per workload and policy
 
 For each workload (multi-turn chat, shared prefix) and each policy, fresh replicas (one `LLM`
-each, prefix caching on, sharing the loaded weights) are served in this process with a
-router in front; `bench serve`'s load generator runs the workload through the router; then
-each replica's engine says how many prompt tokens its prefix cache served. Same workload,
-seed and arrivals for both policies, one run: the ratio is what to read. Replicas share
+each, prefix caching on, sharing the loaded weights; for kv_aware also publishing their KV
+events, which the router follows) are served in this process with a router in front;
+`bench serve`'s load generator runs the workload through the router; then each replica's
+engine says how many prompt tokens its prefix cache served. Same workload, seed and
+arrivals for every policy, one run: the ratios are what to read. Replicas share
 this process's cores, so absolute times are pessimistic.
 """
 
@@ -29,13 +30,16 @@ from minserve.router.policy import POLICIES, Policy
 
 if TYPE_CHECKING:
     from minserve.loader import LoadedModel
+    from minserve.router.app import Router
     from minserve.server.background import BackgroundServer
+
+KV_EVENTS = {"enable_kv_cache_events": True}  # kv_aware's replicas: vLLM's kv_events_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2)")
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"from {', '.join(POLICIES)}")
     p.add_argument("--balance-threshold", type=int, default=4)
     p.add_argument("--workloads", default="multi-turn,shared-prefix",
                    help=f"comma-separated, from {', '.join(WORKLOADS)}")  # fmt: skip
@@ -55,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
     """The `router` subcommand of `minserve bench`."""
-    p = kinds.add_parser("router", help="prefix hit rate and goodput: round_robin vs cache_aware")
+    p = kinds.add_parser("router", help="prefix hit rate and goodput of each routing policy")
     add_arguments(p)
     p.set_defaults(run=run_command)
 
@@ -120,7 +124,8 @@ async def run_routed(
 ) -> dict:  # fmt: skip
     """Fresh replicas (prefix caching on) and a router for `policy` (a name, or a policy
     object such as your own `CacheAware`); the load through it; the replicas' counts.
-    A coroutine, so that a notebook can await it on its running event loop."""
+    kv_aware's replicas publish KV events, and its router tokenizes with the served model's
+    tokenizer. A coroutine, so that a notebook can await it on its running event loop."""
     from minserve.engine_args import EngineArgs
     from minserve.engine_builder import build_engine
     from minserve.router.app import RouterConfig, build_router
@@ -128,19 +133,22 @@ async def run_routed(
     from minserve.server.background import BackgroundServer
     from minserve.server.serving import ServerConfig
 
-    args = EngineArgs(model=loaded, enable_prefix_caching=True, num_blocks=num_blocks)
+    name = policy if isinstance(policy, str) else policy.name
+    events = KV_EVENTS if name == "kv_aware" else None
+    args = EngineArgs(model=loaded, enable_prefix_caching=True, num_blocks=num_blocks,
+                      kv_events_config=events)  # fmt: skip
     engines = [build_engine(args) for _ in range(replicas)]
     servers = [BackgroundServer(build_server(e, ServerConfig("model"))) for e in engines]
     urls = [server.start() for server in servers]
-    if isinstance(policy, str):
-        name, own = policy, None
-        config = RouterConfig(tuple(urls), policy, balance_threshold=balance_threshold)
-    else:  # a policy object of any name: the config's policy is then not used
-        name, own = policy.name, policy
-        config = RouterConfig(tuple(urls))
+    own = None if isinstance(policy, str) else policy
+    config = RouterConfig(tuple(urls), balance_threshold=balance_threshold,
+                          tokenizer=str(loaded.path))  # fmt: skip
+    if own is None:  # a policy object of any name: the config's policy is then not used
+        config = replace(config, policy=name)
     router = BackgroundServer(build_router(config, own))
     try:
         endpoint = Endpoint(router.start(), "")
+        _await_feed(router.server)
         endpoint = Endpoint(endpoint.base_url, first_model(endpoint))
         result = await run_load(endpoint, sessions, load, progress=False)
         done = sum(r.success for r in result.records)
@@ -161,6 +169,20 @@ async def run_routed(
     }
 
 
+def _await_feed(router: Router, timeout_s: float = 30.0) -> None:
+    """Wait until a kv_aware router follows every replica's events (none to wait for else)."""
+    if router.feed is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    blocks = router.feed.blocks
+    while any(blocks.source(i) is None for i in range(blocks.num_replicas)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the router follows no KV events of some replica after {timeout_s} s"
+            )
+        time.sleep(0.02)
+
+
 def _idle_stats(
     replicas: list[BackgroundServer], finished: int, timeout_s: float = 10.0
 ) -> list[dict]:
@@ -176,18 +198,28 @@ def _idle_stats(
 
 
 def summary(runs: list[dict]) -> dict[str, dict[str, Any]]:
-    """Per workload: cache_aware against round_robin (hit rates, goodput ratio)."""
+    """Per workload: cache_aware against round_robin (hit rates, goodput ratio), and under
+    "kv_aware" the same for kv_aware when it ran."""
     out = {}
     for workload in dict.fromkeys(run["workload"] for run in runs):
         by = {run["policy"]: run for run in runs if run["workload"] == workload}
-        if {"cache_aware", "round_robin"} <= by.keys():
-            aware, rr = by["cache_aware"], by["round_robin"]
-            good = [r["summary"]["request_goodput"] for r in (aware, rr)]
-            out[workload] = {
-                "hit_rate": [aware["prefix_hit_rate"], rr["prefix_hit_rate"]],
-                "goodput_ratio": good[0] / good[1] if None not in good and good[1] else None,
-            }
+        if "round_robin" not in by:
+            continue
+        cell = _against(by["cache_aware"], by["round_robin"]) if "cache_aware" in by else {}
+        if "kv_aware" in by:
+            cell["kv_aware"] = _against(by["kv_aware"], by["round_robin"])
+        if cell:
+            out[workload] = cell
     return out
+
+
+def _against(run: dict, baseline: dict) -> dict[str, Any]:
+    """Hit rates [run, baseline] and goodput run / baseline."""
+    good = [r["summary"]["request_goodput"] for r in (run, baseline)]
+    return {
+        "hit_rate": [run["prefix_hit_rate"], baseline["prefix_hit_rate"]],
+        "goodput_ratio": good[0] / good[1] if None not in good and good[1] else None,
+    }
 
 
 def table(runs: list[dict]) -> str:

@@ -5,15 +5,26 @@
 """
 
 from minserve.router.app import Router, RouterConfig, build_router
+from minserve.router.kv_aware import KVAware, KVAwareConfig
+from minserve.router.kv_blocks import KVBlocks
+from minserve.router.kv_feed import KVFeed
+from minserve.router.kv_source import KVEventSource
 from minserve.router.policy import POLICIES, CacheAware, Decision, RoundRobin, make_policy
 from minserve.router.prefix_index import PrefixIndex, prompt_key
+from minserve.router.route_request import RouteRequest
 
 __all__ = [
     "POLICIES",
     "CacheAware",
     "Decision",
+    "KVAware",
+    "KVAwareConfig",
+    "KVBlocks",
+    "KVEventSource",
+    "KVFeed",
     "PrefixIndex",
     "RoundRobin",
+    "RouteRequest",
     "Router",
     "RouterConfig",
     "build_router",

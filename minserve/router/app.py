@@ -1,12 +1,16 @@
 """`minserve router`: one OpenAI endpoint in front of several replicas.
 
-    client ─► router: read body, key = prompt (text or token ids)
-                      policy.choose(key, loads, replicas that are up) ─► replica i
+    client ─► router: read body, key = prompt (text or token ids); for kv_aware also the
+                      token ids, session and block keys (a `RouteRequest`, `prompt_reader.py`)
+                      policy.choose(key or request, loads, replicas that are up) ─► replica i
                       forward the body with httpx; relay the answer (SSE or JSON) unchanged
               replica refuses the connection ─► mark it down, choose again among the others
 
 POST /v1/completions   POST /v1/chat/completions   GET /v1/models (from any replica)
 GET  /health (probes every replica)                GET /metrics (per-replica counts)
+
+kv_aware also runs a `KVFeed`: a thread per replica that follows its KV events into the
+`KVBlocks` the policy reads; the app's lifespan starts and stops it.
 """
 
 from __future__ import annotations
@@ -23,13 +27,26 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from minserve.router.policy import POLICIES, Decision, Policy, make_policy
-from minserve.router.prefix_index import Key, prompt_key
+from minserve.router.kv_aware import KVAware, KVAwareConfig
+from minserve.router.kv_blocks import KVBlocks
+from minserve.router.kv_feed import KVFeed
+from minserve.router.policy import (
+    POLICIES,
+    Decision,
+    Policy,
+    RequestPolicy,
+    as_request_policy,
+    make_policy,
+)
+from minserve.router.prefix_index import prompt_key
+from minserve.router.prompt_reader import PromptReader, load_tokenizer
 from minserve.router.replicas import Replica, parse_replica_url, render_metrics
+from minserve.router.route_request import RouteRequest
 from minserve.server.body import read_json_body
 from minserve.server.errors import APIError, install_error_handlers
 
 FORWARDED_HEADERS = ("authorization", "content-type")
+CHAT_PATH = "/v1/chat/completions"
 REPLICA_HEADER = "x-minserve-replica"  # which replica answered: for logs, tests, curiosity
 
 
@@ -58,6 +75,9 @@ class RouterConfig:
     cooldown_s: float = 5.0  # a replica that refused a connection is skipped this long
     connect_timeout_s: float = 5.0
     max_request_bytes: int = 1 << 20
+    tokenizer: str | None = None  # kv_aware: the served model's (None: the bundled model's)
+    kv_aware: KVAwareConfig = KVAwareConfig()  # kv_aware: its speeds and sessions' rule
+    kv_events_check_s: float = 1.0  # kv_aware: how often the feed asks for /v1/kv_events
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -67,6 +87,8 @@ class RouterConfig:
             raise ValueError(f"a replica is listed twice: {', '.join(self.replicas)}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown routing policy {self.policy!r}; choose {POLICIES}")
+        if self.kv_events_check_s <= 0:
+            raise ValueError(f"kv_events_check_s must be > 0, got {self.kv_events_check_s}")
 
 
 @dataclass
@@ -76,7 +98,8 @@ class Router:
 
     app: FastAPI
     replicas: list[Replica]
-    policy: Policy
+    policy: Policy | RequestPolicy
+    feed: KVFeed | None = None  # kv_aware's: the replicas' KV events into its KVBlocks
 
     def start(self) -> Router:
         return self
@@ -85,31 +108,51 @@ class Router:
         pass
 
 
-def build_router(config: RouterConfig, policy: Policy | None = None) -> Router:
+def build_router(config: RouterConfig, policy: Policy | RequestPolicy | None = None) -> Router:
     """The router app over `config.replicas`; `policy` replaces the one `config` names
-    (your own `CacheAware` from chapter 09, say)."""
+    (your own `CacheAware` from chapter 09, say). A request policy gets a prompt reader
+    (`config.tokenizer`); a `KVAware` also gets a feed that fills its `KVBlocks`."""
     replicas = [Replica(parse_replica_url(url)) for url in config.replicas]
     if policy is None:
         policy = make_policy(config.policy, len(replicas), config.balance_threshold,
-                             config.chunk_size, config.capacity)  # fmt: skip
-    proxy = _Proxy(config, replicas, policy)
-    return Router(_create_app(proxy), replicas, policy)
+                             config.chunk_size, config.capacity,
+                             blocks=KVBlocks(len(replicas)), kv_config=config.kv_aware)  # fmt: skip
+    feed = None
+    if isinstance(policy, KVAware):
+        feed = KVFeed([r.url for r in replicas], policy.blocks, config.kv_events_check_s)
+    reader = None
+    if isinstance(policy, RequestPolicy):
+        reader = PromptReader(load_tokenizer(config.tokenizer))
+    proxy = _Proxy(config, replicas, as_request_policy(policy), reader, feed)
+    return Router(_create_app(proxy), replicas, policy, feed)
 
 
 class _Proxy:
     """Chooses a replica, forwards a request to it, relays the answer, keeps the counts."""
 
-    def __init__(self, config: RouterConfig, replicas: list[Replica], policy: Policy) -> None:
+    def __init__(
+        self, config: RouterConfig, replicas: list[Replica], policy: RequestPolicy,
+        reader: PromptReader | None, feed: KVFeed | None,
+    ) -> None:  # fmt: skip
         self.config, self.replicas, self.policy = config, replicas, policy
+        self.reader, self.feed = reader, feed
         self.client: httpx.AsyncClient | None = None  # opened by the app's lifespan
 
+    def read(self, request: Request, path: str, body: bytes) -> RouteRequest:
+        """What the policy reads of a request: its key, or (a request policy) all of it."""
+        if self.reader is None:
+            return RouteRequest(prompt_key(body))
+        roots = self.feed.blocks.roots() if self.feed is not None else {}
+        return self.reader.read(body, path == CHAT_PATH, request.headers, roots)
+
     async def forward(
-        self, request: Request, path: str, body: bytes | None, key: Key | None
+        self, request: Request, path: str, body: bytes | None, route: RouteRequest
     ) -> Response:
         """Send to the chosen replica; on a refused connection, skip it and choose again."""
         tried: set[int] = set()
         while candidates := self._candidates(tried):
-            decision = self.policy.choose(key, [r.in_flight for r in self.replicas], candidates)
+            loads = [r.in_flight for r in self.replicas]
+            decision = self.policy.choose_request(route, loads, candidates)
             replica = self.replicas[decision.replica]
             replica.in_flight += 1  # before awaiting: concurrent choices see the load
             try:
@@ -123,7 +166,7 @@ class _Proxy:
                 raise GatewayError(
                     f"replica {replica.url} failed before answering: {replica.last_error}"
                 ) from error
-            self._count(decision, key, replica, recorded=body is not None)
+            self._count(decision, route, replica, recorded=body is not None)
             headers = {"content-type": upstream.headers.get("content-type", "application/json"),
                        REPLICA_HEADER: replica.url}  # fmt: skip
             return StreamingResponse(
@@ -152,11 +195,14 @@ class _Proxy:
         replica.in_flight -= 1
         replica.mark_down(error, self.config.cooldown_s)
 
-    def _count(self, decision: Decision, key: Key | None, replica: Replica, recorded: bool) -> None:
+    def _count(
+        self, decision: Decision, route: RouteRequest, replica: Replica, recorded: bool
+    ) -> None:
         if recorded:  # generation requests only: /v1/models teaches nothing about caches
-            self.policy.record(key, decision.replica)
+            self.policy.record_request(route, decision.replica)
             replica.routed[decision.reason] += 1
             replica.matched_units += decision.matched
+            replica.expected_blocks.update(decision.blocks)
 
     async def _relay(self, upstream: httpx.Response, replica: Replica) -> AsyncIterator[bytes]:
         """The replica's bytes as they come; the load drops when the answer ends or the
@@ -195,17 +241,23 @@ def _create_app(proxy: _Proxy) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         timeout = httpx.Timeout(None, connect=proxy.config.connect_timeout_s)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-            proxy.client = client
-            yield
-        proxy.client = None
+        if proxy.feed is not None:
+            proxy.feed.start()
+        try:
+            async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+                proxy.client = client
+                yield
+        finally:
+            proxy.client = None
+            if proxy.feed is not None:
+                await asyncio.to_thread(proxy.feed.close)
 
     app = FastAPI(title="minserve router", lifespan=lifespan)
     install_error_handlers(app)
 
     async def generate(request: Request, path: str) -> Response:
         body = await read_json_body(request, proxy.config.max_request_bytes)
-        return await proxy.forward(request, path, body, prompt_key(body))
+        return await proxy.forward(request, path, body, proxy.read(request, path, body))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -213,11 +265,11 @@ def _create_app(proxy: _Proxy) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, "/v1/chat/completions")
+        return await generate(request, CHAT_PATH)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        return await proxy.forward(request, "/v1/models", None, None)
+        return await proxy.forward(request, "/v1/models", None, RouteRequest(None))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -229,6 +281,7 @@ def _create_app(proxy: _Proxy) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render_metrics(proxy.replicas), media_type=CONTENT_TYPE_LATEST)
+        catchups = proxy.feed.blocks.catchup_counts() if proxy.feed is not None else None
+        return Response(render_metrics(proxy.replicas, catchups), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -16,13 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from minserve.kvcache.block_key import BlockKey
-from minserve.kvcache.kv_events import (
-    MEDIA,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-)
+from minserve.kvcache.kv_events import MEDIA, EventBatch, apply_event
 
 
 @dataclass
@@ -51,7 +45,7 @@ class ExactIndex:
                 replica.behind = replica.next_seq
             return False
         for event in batch.events:
-            _apply_event(replica.held, event)
+            apply_event(replica.held, event)
         replica.next_seq = batch.seq + 1
         replica.behind = None
         return True
@@ -67,29 +61,31 @@ class ExactIndex:
         self.replicas[snapshot.instance] = fresh
         self.apply(snapshot)
 
+    def reset(self, instance: str) -> None:
+        """Start a replica over with nothing held, expecting batch 0 (it restarted, or the
+        router begins to follow it)."""
+        self.replicas[instance] = ReplicaBlocks()
+
+    def forget(self, instance: str) -> None:
+        """Stop indexing a replica (it publishes no events any more)."""
+        self.replicas.pop(instance, None)
+
     def match(self, keys: Sequence[BlockKey]) -> dict[str, dict[str, int]]:
         """For each replica and medium, how many leading blocks of a prompt's `keys` it holds
         there (a prefix counts only while every block before it is held in that medium or
         a faster one: device, then host, then disk)."""
-        result = {}
-        for name, replica in self.replicas.items():
-            counts, reach = {}, 0
-            for medium in MEDIA:  # fastest first; a slower medium extends the faster ones
-                while reach < len(keys) and keys[reach] in replica.held[medium]:
-                    reach += 1
-                counts[medium] = reach
-            result[name] = counts
-        return result
+        return {name: self.match_one(name, keys) for name in self.replicas}
+
+    def match_one(self, instance: str, keys: Sequence[BlockKey]) -> dict[str, int]:
+        """`match` for one replica (replicas of different models chain different keys)."""
+        held, counts, reach, media = self.replicas[instance].held, {}, 0, []
+        for medium in MEDIA:  # fastest first; a slower medium extends the faster ones
+            media.append(held[medium])
+            while reach < len(keys) and any(keys[reach] in blocks for blocks in media):
+                reach += 1
+            counts[medium] = reach
+        return counts
 
     def blocks(self, instance: str, medium: str) -> set[BlockKey]:
         """A copy of what the index holds for one replica and medium."""
         return set(self.replicas[instance].held[medium])
-
-
-def _apply_event(held: dict[str, set[BlockKey]], event: object) -> None:
-    if isinstance(event, BlockStored):
-        held[event.medium].update(event.keys)
-    elif isinstance(event, BlockRemoved):
-        held[event.medium].difference_update(event.keys)
-    elif isinstance(event, AllBlocksCleared):
-        held[event.medium].clear()

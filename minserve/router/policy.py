@@ -4,20 +4,29 @@
     cache_aware   SGLang's cache-aware routing: the replica expected to hold the longest
                   prefix of the prompt, unless it is busier than the least-loaded replica
                   by more than `balance_threshold` requests; then the least-loaded one
+    kv_aware      the lowest estimated time to first token, from the blocks each replica
+                  says it caches (its KV events; `kv_aware.py`), with sticky sessions
 
 Load is requests in flight through the router. A policy sees only the replicas that are up
-(`candidates`) and is told, by `record`, where each request went.
+(`candidates`) and is told, by `record`, where each request went. A key policy reads the
+prompt's key alone (`choose`, `record`); a request policy reads the whole `RouteRequest`
+(`choose_request`, `record_request`: token ids, session, block keys).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from minserve.router.prefix_index import Key, PrefixIndex
+from minserve.router.route_request import RouteRequest
 
-POLICIES = ("round_robin", "cache_aware")
+if TYPE_CHECKING:
+    from minserve.router.kv_aware import KVAwareConfig
+    from minserve.router.kv_blocks import KVBlocks
+
+POLICIES = ("round_robin", "cache_aware", "kv_aware")
 
 
 @dataclass(frozen=True)
@@ -25,8 +34,10 @@ class Decision:
     """Where a request goes, why, and how much of its prompt that replica should hold."""
 
     replica: int
-    reason: str  # "round_robin", "prefix", "least_loaded" (no prefix known) or "balance"
+    reason: str  # "round_robin", "prefix", "least_loaded" (no prefix known), "balance",
+    # and kv_aware's "kv" and "session"
     matched: int = 0  # leading prompt units (characters or tokens) expected cached there
+    blocks: dict[str, int] = field(default_factory=dict)  # kv_aware: blocks expected, by medium
 
 
 class Policy(Protocol):
@@ -39,6 +50,43 @@ class Policy(Protocol):
     def record(self, key: Key | None, replica: int) -> None:
         """`key` was sent to `replica`."""
         ...
+
+
+@runtime_checkable
+class RequestPolicy(Protocol):
+    """A policy that reads more of a request than its key (kv_aware)."""
+
+    name: str
+
+    def choose_request(
+        self, request: RouteRequest, loads: Sequence[int], candidates: Sequence[int]
+    ) -> Decision:
+        """`choose`, from the whole request."""
+        ...
+
+    def record_request(self, request: RouteRequest, replica: int) -> None:
+        """`request` was sent to `replica`."""
+        ...
+
+
+class ByKey:
+    """A key policy seen as a request policy: it is handed the request's key alone."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy, self.name = policy, policy.name
+
+    def choose_request(
+        self, request: RouteRequest, loads: Sequence[int], candidates: Sequence[int]
+    ) -> Decision:
+        return self.policy.choose(request.key, loads, candidates)
+
+    def record_request(self, request: RouteRequest, replica: int) -> None:
+        self.policy.record(request.key, replica)
+
+
+def as_request_policy(policy: Policy | RequestPolicy) -> RequestPolicy:
+    """The one interface the router calls: request policies as they are, key policies wrapped."""
+    return policy if isinstance(policy, RequestPolicy) else ByKey(policy)
 
 
 class _Turns:
@@ -113,11 +161,19 @@ class CacheAware:
 
 def make_policy(
     name: str, num_replicas: int, balance_threshold: int = 4, chunk_size: int = 16,
-    capacity: int = 65536,
-) -> Policy:  # fmt: skip
-    """A policy by name (see POLICIES)."""
+    capacity: int = 65536, blocks: KVBlocks | None = None, kv_config: KVAwareConfig | None = None,
+) -> Policy | RequestPolicy:  # fmt: skip
+    """A policy by name (see POLICIES). kv_aware reads `blocks`, which a `KVFeed` fills."""
     if name == "round_robin":
         return RoundRobin()
     if name == "cache_aware":
         return CacheAware(PrefixIndex(num_replicas, chunk_size, capacity), balance_threshold)
+    if name == "kv_aware":
+        from minserve.router.kv_aware import KVAware, KVAwareConfig  # it builds on this module
+
+        if blocks is None:
+            raise ValueError("kv_aware routes from the replicas' KV events: give make_policy the "
+                             "KVBlocks a KVFeed fills (build_router does)")  # fmt: skip
+        guesses = PrefixIndex(num_replicas, chunk_size, capacity)
+        return KVAware(blocks, kv_config or KVAwareConfig(), guesses)
     raise ValueError(f"unknown routing policy {name!r}; choose from {', '.join(POLICIES)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,6 +28,7 @@ class Replica:
     last_error: str = ""
     routed: Counter[str] = field(default_factory=Counter)  # requests sent, by reason
     matched_units: int = 0  # prompt units the router expected this replica to hold
+    expected_blocks: Counter[str] = field(default_factory=Counter)  # kv_aware, by medium
     errors: int = 0  # connections refused or broken
 
     def is_up(self, now: float | None = None) -> bool:
@@ -55,8 +56,8 @@ def parse_replica_url(url: str) -> str:
 class _RouterCollector(Collector):
     """Per-replica counts and gauges, read from the replicas at scrape time."""
 
-    def __init__(self, replicas: list[Replica]) -> None:
-        self.replicas = replicas
+    def __init__(self, replicas: list[Replica], catchups: Sequence[Counter[str]]) -> None:
+        self.replicas, self.catchups = replicas, catchups
 
     def collect(self) -> Iterator[Metric]:
         routed = CounterMetricFamily(
@@ -67,6 +68,15 @@ class _RouterCollector(Collector):
             PREFIX + "prefix_matched_units", "Prompt units (chars or tokens) the router "
             "expected the chosen replica to hold", labels=["replica"],
         )  # fmt: skip
+        blocks = CounterMetricFamily(
+            PREFIX + "expected_block_hits", "KV blocks of routed prompts the chosen replica "
+            "said it holds (kv_aware), by medium", labels=["replica", "medium"],
+        )  # fmt: skip
+        catchups = CounterMetricFamily(
+            PREFIX + "kv_feed_catchups", "Times the KV event feed caught up with a replica: "
+            "replay (missed batches), resync (a snapshot), reset (it restarted)",
+            labels=["replica", "kind"],
+        )  # fmt: skip
         errors = CounterMetricFamily(
             PREFIX + "replica_errors", "Connections to a replica that failed", labels=["replica"]
         )
@@ -76,18 +86,25 @@ class _RouterCollector(Collector):
         up = GaugeMetricFamily(PREFIX + "replica_up", "1 if the replica is routed to, 0 if "
                                "skipped after an error", labels=["replica"])  # fmt: skip
         now = time.monotonic()
-        for r in self.replicas:
+        for r, caught_up in zip(self.replicas, self.catchups, strict=True):
             for reason, count in sorted(r.routed.items()):
                 routed.add_metric([r.url, reason], count)
             matched.add_metric([r.url], r.matched_units)
+            for medium, count in sorted(r.expected_blocks.items()):
+                blocks.add_metric([r.url, medium], count)
+            for kind, count in sorted(caught_up.items()):
+                catchups.add_metric([r.url, kind], count)
             errors.add_metric([r.url], r.errors)
             in_flight.add_metric([r.url], r.in_flight)
             up.add_metric([r.url], float(r.is_up(now)))
-        yield from (routed, matched, errors, in_flight, up)
+        yield from (routed, matched, blocks, catchups, errors, in_flight, up)
 
 
-def render_metrics(replicas: list[Replica]) -> bytes:
-    """Prometheus text for these replicas (a fresh registry: no process-wide state)."""
+def render_metrics(
+    replicas: list[Replica], catchups: Sequence[Counter[str]] | None = None
+) -> bytes:
+    """Prometheus text for these replicas (a fresh registry: no process-wide state);
+    `catchups`: per replica, the KV event feed's catch-ups by kind."""
     registry = CollectorRegistry()
-    registry.register(_RouterCollector(replicas))
+    registry.register(_RouterCollector(replicas, catchups or [Counter() for _ in replicas]))
     return generate_latest(registry)
