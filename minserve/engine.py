@@ -43,13 +43,14 @@ from minserve.engine_args import EngineArgs
 from minserve.engine_metrics import EngineCounters, engine_metrics
 from minserve.errors import RequestsFailedError, StepFailedError
 from minserve.kvcache.block_events import BlockEventTracker
-from minserve.kvcache.block_key import KVFingerprint, weights_digest
+from minserve.kvcache.block_key import KVFingerprint, block_keys, weights_digest
 from minserve.kvcache.disk_store import DiskBlockStore
 from minserve.kvcache.disk_tier import DiskTier
 from minserve.kvcache.host_tier import TierCosts, host_tier_for
 from minserve.kvcache.kv_event_socket import kv_event_publisher
+from minserve.kvcache.kv_events import BlockStored
 from minserve.kvcache.kv_format import kv_format as resolve_kv_format
-from minserve.kvcache.load_plan import measure_disk_speed, measure_host_speed
+from minserve.kvcache.load_plan import measure_disk_speed, measure_host_speed, plan_load
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.loader import LoadedModel
@@ -221,6 +222,10 @@ class LLMEngine:
             loaded.tokenizer, plugins.sample_output_cls, plugins.stop_matcher_cls
         )
         self.kv_events = kv_event_publisher(args.kv_events)
+        if self.kv_events is not None and self.worker.disk_store is not None:
+            on_disk = self.worker.disk_store.keys()  # written before this engine started
+            if on_disk:
+                self.kv_events.publish((BlockStored(tuple(on_disk), None, "disk"),))
         self.counters = EngineCounters()
         self.timings = StepTimings()  # every step's, summed
         self.observers: list[StepObserver] = []  # called with each step's record
@@ -250,7 +255,8 @@ class LLMEngine:
                     plugins.host_tier_cls,  # minserve's HostPrefixTier, or chapter 05's
                 )  # fmt: skip
             if self.args.kv_events is not None or self.worker.disk_store is not None:
-                events = BlockEventTracker(root, pool.block_size)  # keys every cached block
+                keys_fn = plugins.block_keys or block_keys  # minserve's, or chapter 11's
+                events = BlockEventTracker(root, pool.block_size, keys_fn)  # keys cached blocks
             if costs is not None and self.worker.disk_store is not None:
                 disk = self._disk_tier(self.worker.disk_store, pool, costs)
         return KVCacheManager(
@@ -268,8 +274,9 @@ class LLMEngine:
             store.directory, speed.bytes_per_s / 1e9, speed.latency_s * 1e3,
             costs.prefill_tokens_per_s,
         )  # fmt: skip
+        rule = self.plugins.load_plan or plan_load  # minserve's, or chapter 11's
         return DiskTier(store, pool.block_size, pool.block_nbytes, speed,
-                        costs.prefill_tokens_per_s)  # fmt: skip
+                        costs.prefill_tokens_per_s, rule)  # fmt: skip
 
     def kv_fingerprint(self, pool: PagedKVPool) -> KVFingerprint:
         """What makes this engine's KV blocks the bytes they are (`kvcache/block_key.py`)."""

@@ -66,6 +66,10 @@ class CoursePlugins:
     vocab)` and the matcher protocol), used instead of xgrammar for `choice` requests.
     grammar_can_end: chapter 12's test of whether a compiled grammar can end
     (`structured.grammar_ends.can_end`'s shape: its print -> bool), run on every grammar.
+    block_keys: chapter 11's chained block key (`kvcache.block_key.block_keys`' shape),
+    naming every cached block for KV events and the disk tier (with kv_events_config or
+    kv_disk_path); load_plan: chapter 11's load-or-recompute rule
+    (`kvcache.load_plan.plan_load`'s shape), which the disk tier asks (with kv_disk_path).
     """
 
     model_ops: ModelOps | None = None
@@ -89,6 +93,8 @@ class CoursePlugins:
     kv_codec: KVCodec | None = None
     choice_matcher_cls: type | None = None
     grammar_can_end: Callable[[str], bool] | None = None
+    block_keys: Callable[..., list[bytes]] | None = None
+    load_plan: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         check_stop_matcher_cls(self.stop_matcher_cls)
@@ -152,6 +158,13 @@ class CoursePlugins:
                 "step_cost_model_cls is fitted by the step-time scheduler: give target_tpot_ms "
                 "(or target_ttft_ms)"
             )
+        if self.block_keys is not None and not (args.kv_events is not None or args.kv_disk_path):
+            raise ValueError(
+                "block_keys names the cached blocks for KV events and the disk tier: give "
+                "kv_events_config or kv_disk_path (with enable_prefix_caching=True)"
+            )
+        if self.load_plan is not None and args.kv_disk_path is None:
+            raise ValueError("load_plan is the disk tier's rule: give kv_disk_path")
         if self.swap_space_cls is not HostSwapSpace and args.swap_space <= 0:
             raise ValueError("swap_space_cls is used only with swap_space > 0 (GiB of host memory)")
         if self.choice_matcher_cls is not None and not callable(
@@ -176,6 +189,7 @@ class CoursePlugins:
 PAGED_ENGINE_PLUGINS = (
     "block_allocator_cls", "block_table_cls", "kv_pool_cls", "scheduler_cls", "flat_batch",
     "prefix_cache_cls", "host_tier_cls", "swap_space_cls", "choice_matcher_cls", "grammar_can_end",
+    "block_keys", "load_plan",
 )  # fmt: skip
 
 

@@ -150,3 +150,20 @@ def test_8_bit_blocks_round_trip(tiny_model, tmp_path, kv_cache_dtype) -> None:
     assert token_ids(second.generate(prompts, params, use_tqdm=False)) == want
     assert second.get_metrics()["disk_tier_blocks_loaded"] > 0
     second.engine.shutdown()
+
+
+def test_a_restarted_engine_announces_what_its_disk_holds(tiny_model, tmp_path) -> None:
+    first = _llm(tiny_model, tmp_path)
+    _run(first)
+    first.engine.shutdown()
+    second = _llm(tiny_model, tmp_path, kv_events_config=EVENTS)
+    info = second.engine.kv_events_info()
+    subscriber = KVEventSubscriber(info["host"], info["port"], info["replay_port"])
+    try:
+        index = ExactIndex([info["instance"]])
+        index.replay(info["instance"], subscriber.replay(0)[1])
+        on_disk = set(second.engine.worker.disk_store.keys())
+        assert on_disk and index.blocks(info["instance"], "disk") == on_disk
+    finally:
+        subscriber.close()
+        second.engine.shutdown()

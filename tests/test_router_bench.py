@@ -18,11 +18,14 @@ def test_bench_router_prints_a_row_per_workload_and_policy(tiny_model, capsys):
             "--request-rate", "inf", "--num-blocks", "64"]  # fmt: skip
     assert main(argv) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| workload | policy | requests per replica | prefix hit rate |")
+    assert rows[0].startswith("| workload | policy | requests per replica | prefix hit rate (ideal)")
     assert [row.split(" | ")[:2] for row in rows[1:]] == [
         ["| multi-turn", "round_robin"], ["| multi-turn", "cache_aware"],
         ["| multi-turn", "kv_aware"],
     ]  # fmt: skip
+    for row in rows[1:]:  # one replica that sees every turn hits at least as often as two
+        rate, ideal = (float(x.strip("%) ")) for x in row.split(" | ")[3].split("("))
+        assert rate <= ideal + 1e-9, row
 
 
 def test_bench_router_names_an_unknown_workload(capsys):

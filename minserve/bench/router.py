@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import time
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
@@ -74,7 +75,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every workload through every policy, on fresh replicas; settings, runs and summary."""
     from minserve.llm import LLM
 
-    if args.replicas < 2:
+    if args.replicas < 2:  # (the ideal hit rate comes from one replica that sees everything)
         raise ValueError(f"--replicas must be at least 2 to compare routing, got {args.replicas}")
     policies = choices(args.policies, POLICIES, "policy")
     workloads = choices(args.workloads, WORKLOADS, "workload")
@@ -94,6 +95,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                             args.replicas, args.num_blocks,
                                             args.balance_threshold))  # fmt: skip
             runs.append({"workload": workload, **routed})
+        ideal = asyncio.run(run_routed(warm.loaded, "round_robin", sessions, load, slos, 1,
+                                       args.num_blocks))  # fmt: skip
+        for run in runs:
+            if run["workload"] == workload:
+                run["ideal_hit_rate"] = ideal["prefix_hit_rate"]
     settings = {**asdict(base), "replicas": args.replicas, "request_rate": str(load.request_rate),
                 "max_concurrency": load.max_concurrency, "goodput_slos_s": slos,
                 "balance_threshold": args.balance_threshold,
@@ -159,7 +165,9 @@ async def run_routed(
             server.stop()
     queries = sum(s["prefix_cache_queries"] for s in stats)
     hits = sum(s["prefix_cache_hits"] for s in stats)
+    later = [r.ttft for r in result.records if r.success and r.turn > 0]
     return {
+        "ttft_later_turns_p50_ms": 1e3 * statistics.median(later) if later else None,
         "policy": name,
         "requests_per_replica": [int(s["num_requests_finished"]) for s in stats],
         "prefix_cache_queries": queries,
@@ -214,11 +222,16 @@ def summary(runs: list[dict]) -> dict[str, dict[str, Any]]:
 
 
 def _against(run: dict, baseline: dict) -> dict[str, Any]:
-    """Hit rates [run, baseline] and goodput run / baseline."""
+    """Hit rates [run, baseline], the run's share of the ideal hit rate (one replica holding
+    everything), goodput run / baseline, and TTFT p50 of turns 2+ run / baseline."""
     good = [r["summary"]["request_goodput"] for r in (run, baseline)]
+    later = [r.get("ttft_later_turns_p50_ms") for r in (run, baseline)]
+    ideal = run.get("ideal_hit_rate")
     return {
         "hit_rate": [run["prefix_hit_rate"], baseline["prefix_hit_rate"]],
+        "of_ideal": run["prefix_hit_rate"] / ideal if ideal else None,
         "goodput_ratio": good[0] / good[1] if None not in good and good[1] else None,
+        "ttft_later_turns_ratio": later[0] / later[1] if None not in later and later[1] else None,
     }
 
 
@@ -226,16 +239,20 @@ def table(runs: list[dict]) -> str:
     """A markdown table, a row per workload and policy: where requests went, hit rate,
     goodput, latency."""
     rows = [
-        "| workload | policy | requests per replica | prefix hit rate | goodput (req/s) | "
-        "req/s | TTFT p50 / p99 (ms) | E2E p50 (ms) |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| workload | policy | requests per replica | prefix hit rate (ideal) | goodput (req/s) | "
+        "req/s | TTFT p50 / p99 (ms) | TTFT p50, turns 2+ (ms) | E2E p50 (ms) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
         m = run["summary"]
         good = "-" if m["request_goodput"] is None else f"{m['request_goodput']:.2f}"
+        ideal = f" ({run['ideal_hit_rate']:.1%})" if "ideal_hit_rate" in run else ""
+        later = run.get("ttft_later_turns_p50_ms")
+        later_text = "-" if later is None else f"{later:.0f}"
         rows.append(
             f"| {run['workload']} | {run['policy']} | {run['requests_per_replica']} | "
-            f"{run['prefix_hit_rate']:.1%} | {good} | {m['request_throughput']:.2f} | "
-            f"{m['ttft_ms']['p50']:.0f} / {m['ttft_ms']['p99']:.0f} | {m['e2el_ms']['p50']:.0f} |"
+            f"{run['prefix_hit_rate']:.1%}{ideal} | {good} | {m['request_throughput']:.2f} | "
+            f"{m['ttft_ms']['p50']:.0f} / {m['ttft_ms']['p99']:.0f} | {later_text} | "
+            f"{m['e2el_ms']['p50']:.0f} |"
         )
     return "\n".join(rows)

@@ -70,22 +70,26 @@ async def run_load(
     with tqdm(total=total, desc="bench serve", disable=not progress) as bar:
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
-            async def one(session: Session, at: float, start: float) -> None:
+            async def one(number: int, session: Session, at: float, start: float) -> None:
                 await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-                for record in await _run_session(client, endpoint, session, limit, bar):
+                user = f"session-{number}"
+                for record in await _run_session(client, endpoint, session, limit, bar, user):
                     records.append(record)
 
             start = time.perf_counter()
             times = arrival_times(len(sessions), load)
-            await asyncio.gather(*(one(s, t, start) for s, t in zip(sessions, times)))
+            await asyncio.gather(*(one(i, s, t, start)
+                                   for i, (s, t) in enumerate(zip(sessions, times))))  # fmt: skip
             duration = time.perf_counter() - start
     return LoadResult(records, duration)
 
 
 async def _run_session(
     client: httpx.AsyncClient, endpoint: Endpoint, session: Session,
-    limit: asyncio.Semaphore, bar: tqdm,
+    limit: asyncio.Semaphore, bar: tqdm, user: str,
 ) -> list[RequestRecord]:  # fmt: skip
+    """A session's turns in order, each carrying the session's `user` (OpenAI's field: a
+    router may keep a session on one replica)."""
     records, messages = [], []
     for turn in range(session.num_turns):
         if session.is_chat:
@@ -94,7 +98,8 @@ async def _run_session(
         else:
             body = completion_body(endpoint, session.prompts[turn], session.output_len)
         async with limit:
-            record, reply = await send(client, endpoint, body)
+            record, reply = await send(client, endpoint, {**body, "user": user})
+        record.turn = turn
         records.append(record)
         bar.update(1)
         if not record.success:

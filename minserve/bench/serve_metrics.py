@@ -33,6 +33,7 @@ class RequestRecord:
     error: str = ""
     status: int = 0  # the HTTP status (0: no response); a 503 is a request the server refused
 
+    turn: int = 0  # which turn of its session (0: the first)
     sent_at: float = 0.0  # when the request went out
     chunk_at: list[float] = field(default_factory=list)  # when each chunk with a choice came
 

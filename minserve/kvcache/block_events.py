@@ -16,7 +16,7 @@ what it gathered once per step (`take`).
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_key import BlockKey, block_keys
@@ -26,9 +26,16 @@ from minserve.kvcache.kv_events import BlockRemoved, BlockStored, KVEvent
 class BlockEventTracker:
     """Content keys of the blocks each tier holds, and the events since the last `take`."""
 
-    def __init__(self, root: BlockKey, block_size: int) -> None:
+    def __init__(
+        self,
+        root: BlockKey,
+        block_size: int,
+        keys_fn: Callable[[BlockKey, Sequence[int], int], list[BlockKey]] = block_keys,
+    ) -> None:
+        """`keys_fn`: how blocks are keyed, `block_key.block_keys` (or chapter 11's)."""
         self.root = root  # the engine's KV fingerprint: keys chain from it
         self.block_size = block_size
+        self.keys_fn = keys_fn
         self._device: dict[int, BlockKey] = {}  # block the radix tree holds -> its key
         self._host: set[BlockKey] = set()  # keys with a copy in the host tier
         self._pending: list[KVEvent] = []
@@ -53,10 +60,14 @@ class BlockEventTracker:
             return []
         parent = self._device[blocks[known - 1]] if known else None
         size, chain = self.block_size, self.root if parent is None else parent
-        keys = block_keys(chain, tokens[known * size : len(blocks) * size], size)
+        keys = self.chain(chain, tokens[known * size : len(blocks) * size])
         self._device.update(zip(blocks[known:], keys, strict=True))
         self._pending.append(BlockStored(tuple(keys), parent, "device"))
         return list(zip(blocks[known:], keys, strict=True))
+
+    def chain(self, parent: BlockKey, tokens: Sequence[int]) -> list[BlockKey]:
+        """The keys of the full blocks of `tokens`, chained from `parent`."""
+        return self.keys_fn(parent, tokens, self.block_size)
 
     def evicted(self, allocator: BlockAllocator) -> list[BlockKey]:
         """Eviction just ran: the tree's blocks that nothing references any more left the

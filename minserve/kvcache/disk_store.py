@@ -106,6 +106,11 @@ class DiskBlockStore:
     def __len__(self) -> int:
         return len(self._index)
 
+    def keys(self) -> list[BlockKey]:
+        """The keys this store knows of (on disk, or queued), least recently used first."""
+        with self._lock:
+            return [*self._index, *(k for k in self._queued if k not in self._index)]
+
     def __contains__(self, key: BlockKey) -> bool:
         """Whether the block is on disk now (another instance may have written it)."""
         return key in self._index or key in self._queued or self.path(key).exists()
@@ -185,7 +190,9 @@ class DiskBlockStore:
             return queued.clone()
         path = self.path(key)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:  # read straight into the block's own buffer
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(data)
         except FileNotFoundError:
             self._forget(key)
             self.stats.misses += 1
@@ -233,8 +240,9 @@ def encode(block: torch.Tensor) -> bytes:
     return MAGIC + header + raw
 
 
-def decode(data: bytes) -> torch.Tensor:
-    """A block from its file's bytes, checked: no code runs, no pickle is read."""
+def decode(data: bytes | bytearray) -> torch.Tensor:
+    """A block from its file's bytes, checked: no code runs, no pickle is read. A bytearray
+    becomes the tensor's storage (no copy)."""
     if not data.startswith(MAGIC):
         raise CorruptBlockError("not a minserve KV block (bad magic)")
     end = data.find(b"\n", len(MAGIC))
@@ -243,13 +251,15 @@ def decode(data: bytes) -> torch.Tensor:
         dtype, shape = _DTYPES[header["dtype"]], [int(n) for n in header["shape"]]
     except (ValueError, KeyError, TypeError) as error:
         raise CorruptBlockError(f"a bad block header: {error}") from None
-    raw = data[end + 1 :]
+    size = len(data) - (end + 1)
     expected = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-    if end < 0 or len(raw) != expected:
-        raise CorruptBlockError(f"a block of {len(raw)} bytes where {expected} are expected")
-    if not raw:
+    if end < 0 or size != expected:
+        raise CorruptBlockError(f"a block of {size} bytes where {expected} are expected")
+    if not size:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+    buffer = data if isinstance(data, bytearray) else bytearray(data)
+    raw = torch.frombuffer(buffer, dtype=torch.uint8, offset=end + 1, count=size)
+    return raw.view(dtype).reshape(shape)
 
 
 def _key_of(path: Path) -> BlockKey | None:

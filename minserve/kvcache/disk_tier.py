@@ -15,14 +15,18 @@ queued for writing), whoever wrote it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from minserve.kvcache.block_key import BlockKey
 from minserve.kvcache.disk_store import DiskBlockStore
-from minserve.kvcache.load_plan import TierSpeed, plan_load
+from minserve.kvcache.load_plan import LoadPlan, TierSpeed, plan_load
 from minserve.messages import DiskWrite
+
+READERS = 4  # reads in flight at once
 
 
 @dataclass
@@ -45,12 +49,15 @@ class DiskTier:
         block_nbytes: int,
         speed: TierSpeed,
         prefill_tokens_per_s: float,
+        plan: Callable[..., LoadPlan] = plan_load,  # the rule (chapter 11's, say)
     ) -> None:
         self.store = store
+        self.plan = plan
         self.block_size, self.block_nbytes = block_size, block_nbytes
         self.speed = speed  # measured at start: latency per request, bandwidth
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.stats = DiskTierStats()
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="kv-disk-read")
 
     def write_through(self, keyed: list[tuple[int, BlockKey]]) -> list[DiskWrite]:
         """Writes for the computed blocks whose keys the disk does not hold yet."""
@@ -67,16 +74,21 @@ class DiskTier:
             on_disk += 1
         if on_disk == 0:
             return 0
-        plan = plan_load(num_blocks, ["disk"] * on_disk, self.block_nbytes, self.block_size,
+        plan = self.plan(num_blocks, ["disk"] * on_disk, self.block_nbytes, self.block_size,
                          self.prefill_tokens_per_s, [self.speed])  # fmt: skip
         return plan.num_load
 
-    def read(self, key: BlockKey) -> torch.Tensor | None:
-        """A block's KV from disk (None: gone or corrupt since it was seen: recompute)."""
+    def read(self, keys: list[BlockKey]) -> list[torch.Tensor]:
+        """The blocks' KV from disk, in order, read by `READERS` threads at once (a disk
+        answers several reads faster than one after another); the list stops before the
+        first block gone or corrupt since it was seen (recompute from there)."""
         start = time.perf_counter()
-        data = self.store.get(key)
+        blocks = []
+        for data in self._readers.map(self.store.get, keys):
+            if data is None:
+                break
+            blocks.append(data)
         self.stats.load_seconds += time.perf_counter() - start
-        if data is not None:
-            self.stats.blocks_loaded += 1
-            self.stats.bytes_loaded += data.numel() * data.element_size()
-        return data
+        self.stats.blocks_loaded += len(blocks)
+        self.stats.bytes_loaded += sum(b.numel() * b.element_size() for b in blocks)
+        return blocks

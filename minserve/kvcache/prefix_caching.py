@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_events import BlockEventTracker
-from minserve.kvcache.block_key import BlockKey, block_keys
+from minserve.kvcache.block_key import BlockKey
 from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.disk_tier import DiskTier
 from minserve.kvcache.host_tier import HostPrefixTier
@@ -222,14 +222,13 @@ class PrefixCaching:
         parent = self.events.key_of(match.blocks[-1]) if match.blocks else self.events.root
         if parent is None:  # a matched block the tracker has not keyed: cannot name the rest
             return match
-        keys = block_keys(parent, token_ids[match.num_blocks * size :], size)
+        keys = self.events.chain(parent, token_ids[match.num_blocks * size :])
         count = self.disk.num_to_load(keys, len(token_ids) // size - match.num_blocks)
         loaded: list[int] = []
         self.cache.lock(match.node)  # held while room is made: the match stays cached
-        for key in keys[:count]:
+        for data in self.disk.read(keys[:count]) if count else []:
             self.make_room(1)
-            data = self.disk.read(key) if self.allocator.can_allocate(1) else None
-            if data is None:  # no room, or the file went away: recompute from here
+            if not self.allocator.can_allocate(1):
                 break
             loaded.append(self.allocator.allocate())
             self.ops.append(DiskLoad(loaded[-1], data))
