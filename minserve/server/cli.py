@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,35 +88,28 @@ def served_name(loaded_path: Path) -> str:
 
 def speculative_config(text: str | None) -> dict[str, Any] | None:
     """--speculative-config's JSON object, checked before the model loads (docs/server.md)."""
-    if text is None:
-        return None
-    try:
-        options = json.loads(text)
-        if not isinstance(options, dict):
-            raise ValueError(f"expected a JSON object, got {type(options).__name__}")
-        SpeculativeConfig.from_dict(options)
-    except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
-        raise ValueError(
-            f"--speculative-config {text!r}: {e}\n"
-            f"  for example: --speculative-config '{SPECULATIVE_EXAMPLE}'"
-        ) from e
-    return options
+    return _json_option("--speculative-config", text, SpeculativeConfig.from_dict,
+                        SPECULATIVE_EXAMPLE)  # fmt: skip
 
 
 def kv_events_config(text: str | None) -> dict[str, Any] | None:
     """--kv-events-config's JSON object, checked before the model loads."""
+    return _json_option("--kv-events-config", text, KVEventsConfig.from_dict, KV_EVENTS_EXAMPLE)
+
+
+def _json_option(
+    flag: str, text: str | None, check: Callable[[dict[str, Any]], object], example: str
+) -> dict[str, Any] | None:
+    """A flag's JSON object, `check`ed; a ValueError that shows an example otherwise."""
     if text is None:
         return None
     try:
         options = json.loads(text)
         if not isinstance(options, dict):
             raise ValueError(f"expected a JSON object, got {type(options).__name__}")
-        KVEventsConfig.from_dict(options)
-    except (ValueError, TypeError) as e:
-        raise ValueError(
-            f"--kv-events-config {text!r}: {e}\n"
-            f"  for example: --kv-events-config '{KV_EVENTS_EXAMPLE}'"
-        ) from e
+        check(options)
+    except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{flag} {text!r}: {e}\n  for example: {flag} '{example}'") from e
     return options
 
 
