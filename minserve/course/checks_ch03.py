@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from minserve.config import SchedulerConfig
@@ -35,6 +35,7 @@ from minserve.course.checks_ch03_flat_batch import (
     FLAT_BATCH_HINTS,
     FLAT_BATCH_PROGRESS,
 )
+from minserve.course.randomized import randomized
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.radix_cache import RadixCache
@@ -354,15 +355,7 @@ def _play(impl: ModuleType, workload: Workload) -> None:
 def check_random_workloads_match_minserves_scheduler(impl: ModuleType) -> None:
     """Random arrivals, lengths, pools, budgets and seats: the same batches as minserve's"""
 
-    @settings(
-        max_examples=150,
-        report_multiple_bugs=False,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        verbosity=Verbosity.quiet,
-        suppress_health_check=list(HealthCheck),
-    )
+    @randomized(150)
     @given(workloads())
     def play(workload: Workload) -> None:
         _play(impl, workload)
@@ -645,15 +638,7 @@ def _play_result(impl: ModuleType, case: ResultCase) -> None:
 def check_random_steps_match_minserves_update(impl: ModuleType) -> None:
     """Random requests, stop rules, forks, drafts, prefix caching: the same update as minserve's"""
 
-    @settings(
-        max_examples=80,
-        report_multiple_bugs=False,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        verbosity=Verbosity.quiet,
-        suppress_health_check=list(HealthCheck),
-    )
+    @randomized(80)
     @given(result_cases())
     def play(case: ResultCase) -> None:
         _play_result(impl, case)

@@ -17,12 +17,13 @@ from functools import cache
 from types import ModuleType
 
 import torch
-from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
 from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.course.nonfinite import lead_with_nonfinite
+from minserve.course.randomized import randomized
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.messages import ScheduledChunk
 from minserve.model.llama import CausalLM
@@ -265,15 +266,7 @@ def _token_by_token(step: Step) -> dict[str, list]:
 def check_random_steps_match_a_token_by_token_layout(impl: ModuleType) -> None:
     """Random chunks, block sizes, drafts and prompt-logprob rows: each token where it belongs"""
 
-    @settings(
-        max_examples=80,
-        report_multiple_bugs=False,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        verbosity=Verbosity.quiet,
-        suppress_health_check=list(HealthCheck),
-    )
+    @randomized(80)
     @given(steps())
     def lay_out(step: Step) -> None:
         inputs, _ = _layout(impl, list(step.chunks), step.draft_map, step.block_size)

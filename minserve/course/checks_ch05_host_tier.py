@@ -20,9 +20,10 @@ from types import ModuleType
 from typing import Any
 from unittest import mock
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from minserve.course.randomized import randomized
 from minserve.kvcache import block_key
 from minserve.kvcache.block_allocator import BlockAllocator
 from minserve.kvcache.block_key import KVFingerprint, block_keys
@@ -91,13 +92,13 @@ def check_remember_hashes_each_block_once(impl: ModuleType) -> None:
     tokens = [1, 2, 3, 4, 5, 6, 7, 8]
     blocks = _finished_request(cache, tokens)
     digests = []
-    real = block_key._digest
+    real = block_key.next_key
 
-    def counted(*parts: bytes) -> bytes:
-        digests.append(parts)
-        return real(*parts)
+    def counted(parent: bytes, block_tokens: list[int]) -> bytes:
+        digests.append(block_tokens)
+        return real(parent, block_tokens)
 
-    with mock.patch.object(block_key, "_digest", counted):
+    with mock.patch.object(block_key, "next_key", counted):
         for n in range(1, 5):
             tier.remember(tokens[: n * BS], blocks[:n])
     assert tier._key_of == dict(zip(blocks, _keys(tokens))), (
@@ -300,16 +301,7 @@ def workloads(draw: st.DrawFn) -> Workload:
 def check_random_requests_reuse_the_right_kv(impl: ModuleType) -> None:
     """Random prompts, pools and hosts: every block picked up holds its prompt's KV"""
 
-    @settings(
-        max_examples=100,
-        report_multiple_bugs=False,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        verbosity=Verbosity.quiet,
-        suppress_health_check=list(HealthCheck),
-        phases=(Phase.generate,),  # no shrinking: the first failing run, at once
-    )
+    @randomized(100, shrink=False)
     @given(workloads())
     def run(workload: Workload) -> None:
         costs = COPY_WINS if workload.copy_wins else RECOMPUTE_WINS

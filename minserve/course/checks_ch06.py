@@ -15,12 +15,13 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 
 import torch
-from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minserve.attention.contiguous import ContiguousAttention, ContiguousSlice, SequenceKV
 from minserve.attention.paged_torch import TorchPagedAttention
 from minserve.course.nonfinite import lead_with_nonfinite
+from minserve.course.randomized import randomized
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.messages import ScheduledChunk
 from minserve.model.llama import CausalLM
@@ -249,15 +250,6 @@ def check_random_histories_match_minserves_lookup(impl: ModuleType) -> None:
 
 # --- exercise 6.5: the adaptive draft length, against minserve's -------------------------
 
-_QUIET = dict(
-    report_multiple_bugs=False,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    verbosity=Verbosity.quiet,
-    suppress_health_check=list(HealthCheck),
-)
-
 
 def check_the_best_draft_length_follows_the_acceptance_rate(impl: ModuleType) -> None:
     """Useless drafts (a = 0) get 1, free perfect ones (a = 1, c = 0) get k; else minserve's g"""
@@ -268,7 +260,7 @@ def check_the_best_draft_length_follows_the_acceptance_rate(impl: ModuleType) ->
             f"best_draft_length(a={a}, c={c}, k={k}): expected {expected}, got {got}"
         )
 
-    @settings(max_examples=300, **_QUIET)
+    @randomized(300)
     @given(st.floats(0, 1), st.floats(0, 1.5), st.integers(1, 10))
     def agree(a: float, c: float, k: int) -> None:
         expected = reference_lengths.best_draft_length(a, c, k)
@@ -293,7 +285,7 @@ def check_the_acceptance_estimate_counts_tested_drafts(impl: ModuleType) -> None
         f"(accepted, tested) == {expected}, got {got}"
     )
 
-    @settings(max_examples=200, **_QUIET)
+    @randomized(200)
     @given(
         st.lists(
             st.integers(1, 6).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))),
@@ -340,7 +332,7 @@ def check_draft_lengths_per_sequence_match_minserves(impl: ModuleType) -> None:
 
     play([("a", 5, 0, 0.1), ("a", 5, 0, 0.1), ("b", 0, 0, 0.1), ("a", 2, 2, 0.1)])
 
-    @settings(max_examples=150, **_QUIET)
+    @randomized(150)
     @given(st.lists(step, max_size=15))
     def agree(steps: list[tuple[str, int, int, float]]) -> None:
         play(steps)
