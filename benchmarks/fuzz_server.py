@@ -15,8 +15,9 @@ server still up, and is every KV block free or held only by the prefix cache?
 One check is ours: a body valid by the schema may still be refused with a 400 for what
 no JSON schema can say (a prompt plus max_tokens past the context, min_tokens above
 max_tokens, top_logprobs without logprobs, a structured output's regex, schema or grammar
-that does not compile); `accepted_unless_it_cannot_fit` allows those refusals, named by
-their messages (a structured output's, by the field it names), and nothing else, in place
+that does not compile, resume tokens no run could have generated);
+`accepted_unless_it_cannot_fit` allows those refusals, named by their messages (a structured
+output's and a resume's, by the field they name), and nothing else, in place
 of schemathesis' positive_data_acceptance. Writes fuzz_server.json and fuzz_server.md.
 """
 
@@ -57,8 +58,10 @@ CANNOT_FIT = (
     re.compile(r"^min_tokens \(\d+\) must not exceed max_tokens \(\d+\)$"),
     re.compile(r"^top_logprobs needs logprobs: true$"),
 )
-# a structured output's constraint (one kind of it, a grammar that compiles) is its content
-STRUCTURED_PARAMS = ("structured_outputs", "response_format")
+# a structured output's constraint (one kind of it, a grammar that compiles) is its content;
+# so are resume tokens (ones a run could have generated: n 1, within max_tokens, the context,
+# the grammar and the stop rules)
+CONTENT_PARAMS = ("structured_outputs", "response_format", "resume_token_ids")
 
 
 @schemathesis.hook
@@ -99,7 +102,7 @@ def accepted_unless_it_cannot_fit(ctx: Any, response: Any, case: Any) -> bool | 
     message = _error_message(response)
     if response.status_code == 400 and any(rule.search(message) for rule in CANNOT_FIT):
         return None
-    if response.status_code == 400 and _error_param(response) in STRUCTURED_PARAMS:
+    if response.status_code == 400 and _error_param(response) in CONTENT_PARAMS:
         return None
     raise AssertionError(f"a valid body was refused with {response.status_code}: {message}")
 

@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py, minserve/model/runner.py by `python -m minserve.course.generate`.
-# stub fingerprint: 89b38e35d220 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: dfa3874cd350 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 3.1 appends a sequence's sampled tokens through the stop rules. 3.2: each step,
@@ -310,11 +310,12 @@ class Scheduler:
         )
 
     def _record_cache_hit(self, seq: Sequence, start: int) -> None:
-        """A request's first chunk starts after its cached prefix: that many tokens were hits."""
+        """A request's first chunk starts after its cached prefix: that many tokens were hits
+        (of its prompt, and of a resumed request's resume tokens: its sample's first)."""
         request = seq.request
         if request.num_cached_tokens is None:
             request.num_cached_tokens = start
-            self.stats.num_prefix_cache_queries += len(request.prompt_token_ids)
+            self.stats.num_prefix_cache_queries += seq.num_tokens  # nothing sampled here yet
             self.stats.num_prefix_cache_hits += start
 
     def _accept_drafts(

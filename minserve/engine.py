@@ -54,12 +54,18 @@ from minserve.kvcache.load_plan import measure_disk_speed, measure_host_speed, p
 from minserve.kvcache.manager import KVCacheManager
 from minserve.kvcache.paged_pool import PagedKVPool
 from minserve.loader import LoadedModel
-from minserve.messages import ModelRunnerOutput, SchedulerOutput
+from minserve.messages import ModelRunnerOutput, NewTokens, SchedulerOutput
 from minserve.model.tokenizer import Tokenizer
 from minserve.output_processor import OutputProcessor, ProcessedStep
 from minserve.outputs import RequestOutput
 from minserve.plugins import NO_PLUGINS, CoursePlugins
-from minserve.request import Request, StopRules, validate_params, validate_prompt
+from minserve.request import (
+    Request,
+    StopRules,
+    validate_params,
+    validate_prompt,
+    validate_resume,
+)
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.draft_planner import DraftPlanner
 from minserve.scheduler.sequence import Sequence
@@ -131,6 +137,17 @@ def _size_for_device(
         scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs,
     )  # fmt: skip
     return replace(cache_config, kv_cache_memory_bytes=budget), True
+
+
+def _resumed(request: Request) -> NewTokens:
+    """A resumed request's journal tokens as its one sample's first new tokens, with the
+    finish the token stop rules gave them (for the output processor to prime with)."""
+    sample = request.samples[0]
+    tokens = tuple(sample.token_ids)
+    return NewTokens(
+        request.request_id, sample.index, tokens, (None,) * len(tokens),
+        sample.finish_reason, sample.stop_reason,
+    )  # fmt: skip
 
 
 def caps_below(caps: dict[str, int], limit: int) -> bool:
@@ -303,18 +320,34 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
+        resume_token_ids: list[int] | None = None,
     ) -> None:
-        """Validate and queue a request; its n samples prefill once, then fork."""
-        if request_id in self.output_processor.requests:
+        """Validate and queue a request; its n samples prefill once, then fork.
+
+        resume_token_ids: the tokens this request already generated elsewhere (an instance
+        that died mid-stream); it continues after them exactly as if it had generated them
+        here. They are its one sample's first output tokens (n must be 1): max_tokens,
+        min_tokens, the penalties, the stop rules, the grammar and the seeded draws count
+        them, the prefill computes them with the prompt, and the outputs hold only what
+        follows them. A list that finishes the request already gives, at the next step, a
+        final output with no new text."""
+        if self.output_processor.holds(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
-        validate_prompt(prompt_token_ids, self.loaded.config.vocab_size, self.max_model_len)
-        validate_params(params, self.loaded.config.vocab_size)
+        vocab_size = self.loaded.config.vocab_size
+        validate_prompt(prompt_token_ids, vocab_size, self.max_model_len)
+        validate_params(params, vocab_size)
+        resume = list(resume_token_ids or ())
+        if resume:
+            validate_resume(resume, len(prompt_token_ids), params, vocab_size, self.max_model_len)
         matcher = self._grammar_matcher(params)
         request = Request.create(request_id, prompt_token_ids, params, constraint=matcher)
-        self.scheduler.add(self._first_sequence(request, priority))
-        self.output_processor.add_request(
-            request_id, prompt, prompt_token_ids, params, request.arrival_time
-        )
+        request.samples[0].replay(resume, self.rules)
+        runs = self.output_processor.add_request(
+            request_id, prompt, prompt_token_ids, params, request.arrival_time,
+            _resumed(request) if resume else None,
+        )  # fmt: skip
+        if runs:
+            self.scheduler.add(self._first_sequence(request, priority))
         self.counters.num_prompt_tokens += len(prompt_token_ids)
 
     def check_params(self, params: SamplingParams) -> None:
@@ -380,7 +413,7 @@ class LLMEngine:
 
         Its blocks go back to the pool (or its host copy is dropped) at once.
         """
-        if request_id not in self.output_processor.requests:
+        if not self.output_processor.holds(request_id):
             return
         self.output_processor.forget(request_id)
         self.scheduler.abort_request(request_id)  # the next step tells the worker
@@ -414,9 +447,16 @@ class LLMEngine:
             raise StepFailedError(sched_out.request_ids, error) from error
         finally:
             self._publish_kv_events()
+        outputs = self._finished_at_once() + outputs
         if failed:
             raise RequestsFailedError.from_reasons(failed, outputs)
         return outputs
+
+    def _finished_at_once(self) -> list[RequestOutput]:
+        """Final outputs of requests that their resume tokens finished at `add_request`."""
+        ready = self.output_processor.take_ready()
+        self.counters.num_requests_finished += len(ready)
+        return ready
 
     def _run(
         self, sched_out: SchedulerOutput, clock: PhaseClock

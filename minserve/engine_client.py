@@ -34,7 +34,11 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
-    ) -> None: ...
+        resume_token_ids: list[int] | None = None,
+    ) -> None:
+        """Queue a request; `resume_token_ids`: the tokens it already generated elsewhere,
+        to continue after (ValueError where the engine cannot)."""
+        ...
 
     def check_params(self, params: SamplingParams) -> None:
         """Check what `add_request` would of `params`, from any thread (ValueError if bad);

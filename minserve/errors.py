@@ -19,6 +19,11 @@ class PromptTooLongError(ValueError):
         self.max_model_len = max_model_len
 
 
+class ResumeTokensError(ValueError):
+    """`resume_token_ids` that cannot continue their request: out of the vocabulary, too
+    long, n > 1, or a token no run could have generated there (the message says which)."""
+
+
 class StructuredOutputError(ValueError):
     """A structured-output request the engine cannot serve: a schema, regex or grammar that
     does not compile (the message says why), one that takes too long to compile, or a

@@ -24,11 +24,18 @@ from minserve.output_processor import OutputProcessor
 from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.plugins import NO_PLUGINS, CoursePlugins
 from minserve.reference import ReferenceGenerator
-from minserve.request import Request, StopRules, validate_params, validate_prompt
+from minserve.request import (
+    Request,
+    StopRules,
+    validate_params,
+    validate_prompt,
+    validate_resume,
+)
 from minserve.sampling_params import SamplingParams
 from minserve.scheduler.policy import priority_value
 
-# A prompt is text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...}.
+# A prompt is text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...};
+# a dict may add "resume_token_ids" (the tokens a request already generated elsewhere).
 Prompt = str | list[int] | dict[str, Any]
 Message = dict[str, str]
 logger = logging.getLogger(__name__)
@@ -145,6 +152,9 @@ class LLM:
         ("interactive", "standard", "batch"); used by scheduling_policy="priority".
         A prompt that fails alone (NaN logits, say) does not stop the others: once they
         finish, RequestsFailedError names the failed prompts and holds the others' outputs.
+
+        A prompt dict with "resume_token_ids" continues a request that generated those
+        tokens elsewhere (`LLMEngine.add_request`): its output holds what follows them only.
         """
         prompt_list = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompt_list))
@@ -152,16 +162,21 @@ class LLM:
         if len(priorities) != len(prompt_list):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompt_list)} prompts")
         tokenized = [self._tokenize(p) for p in prompt_list]  # validate all before queueing any
+        resumes = [_resume_of(p) for p in prompt_list]
         vocab_size = self.loaded.config.vocab_size
-        for (_, token_ids), sp in zip(tokenized, params):
+        for (_, token_ids), sp, resume in zip(tokenized, params, resumes):
             validate_prompt(token_ids, vocab_size, self.max_model_len)
             validate_params(sp, vocab_size)
+            if resume:
+                validate_resume(resume, len(token_ids), sp, vocab_size, self.max_model_len)
         if self.engine is None and any(sp.prompt_logprobs is not None for sp in params):
             raise ValueError("prompt_logprobs needs the paged engine (engine='paged')")
+        if self.engine is None and any(resumes):
+            raise ValueError("resume_token_ids needs the paged engine (engine='paged')")
         request_ids = [str(next(self._ids)) for _ in tokenized]
         failed: dict[str, str] = {}  # request id -> why, filled as requests fail
         deltas = (
-            self._run_engine(request_ids, tokenized, params, priorities, failed)
+            self._run_engine(request_ids, tokenized, params, priorities, failed, resumes)
             if self.engine is not None
             else self._run_reference(request_ids, tokenized, params)
         )
@@ -196,14 +211,17 @@ class LLM:
         params: list[SamplingParams],
         priorities: list[int],
         failed: dict[str, str],
+        resumes: list[list[int] | None],
     ) -> Iterator[RequestOutput]:
         """Every step's deltas until all requests finish; those that fail alone go in
         `failed` (the engine has aborted them)."""
         engine = self.engine
         assert engine is not None
-        for request_id, (text, ids), sp, prio in zip(request_ids, prompts, params, priorities):
-            engine.add_request(request_id, text, ids, sp, prio)
         try:
+            for rid, (text, ids), sp, prio, resume in zip(
+                request_ids, prompts, params, priorities, resumes
+            ):
+                engine.add_request(rid, text, ids, sp, prio, resume)
             while engine.has_unfinished_requests():
                 try:
                     yield from engine.step()
@@ -256,6 +274,13 @@ def _prompts_failed(
     return RequestsFailedError(
         f"{message} (the other prompts' outputs are in .outputs)", list(failed), others, failed
     )
+
+
+def _resume_of(prompt: Prompt) -> list[int] | None:
+    """A prompt dict's "resume_token_ids" (None: it starts afresh)."""
+    if not isinstance(prompt, dict) or prompt.get("resume_token_ids") is None:
+        return None
+    return list(prompt["resume_token_ids"])
 
 
 def _reference_max_len(requested: int | None, loaded: LoadedModel) -> int:

@@ -12,14 +12,24 @@ with their logprobs and the finish reason.
 A step's result is one `RequestOutput` per request that got tokens, holding only what is
 new (a delta). The server streams deltas as they are; `LLM.generate` adds them up
 (`outputs.OutputAccumulator`). This is chapter 09's exercise 9.4 (the marked region below).
+
+A request resumed from its journal (`resume_token_ids`) has its samples primed with those
+tokens at `add_request`: they go through the same `update` as sampled tokens, and what it
+shows is dropped (the stream being continued showed it). The detokenizer's window and the
+stop-string matcher's held-back tail are then exactly the uninterrupted run's, so the deltas
+that follow are too (a character split across the resume point, a stop string spanning it).
+Resume tokens that finish the request already (a stop string, EOS, max_tokens) give a final
+output with no new text, returned by the next step (`take_ready`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from minserve.errors import ResumeTokensError
 from minserve.messages import NewTokens, OutputStops, PromptLogprobs, SchedulerUpdate
 from minserve.model.detokenizer import IncrementalDetokenizer
 from minserve.model.tokenizer import Tokenizer
@@ -144,6 +154,30 @@ class ProcessedStep:
     stops: OutputStops = field(default_factory=OutputStops)
 
 
+def _primed_finished(sample: SampleOutput, resumed: NewTokens) -> bool:
+    """Feed the resume tokens through `sample` as if sampled here, dropping what it shows;
+    whether they finished it (a stop string in their text, or `resumed`'s finish).
+
+    They go in unfinished: a finish would release the held-back text, which the request
+    being continued never showed (a resumed request that is finished shows no new text)."""
+    try:
+        shown = sample.update(dataclasses.replace(resumed, finish_reason=None, stop_reason=None))
+    except Exception as error:  # as a sampled token's would fail its request alone
+        raise ResumeTokensError(
+            f"resume_token_ids could not be turned into text ({type(error).__name__}: {error})"
+        ) from error
+    kept = len(shown.token_ids)
+    if kept < len(resumed.token_ids):
+        raise ResumeTokensError(
+            f"resume_token_ids[{kept - 1}] completes the stop string {shown.stop_reason!r}, "
+            f"so the {len(resumed.token_ids) - kept} tokens after it cannot follow; resume "
+            "with the tokens up to it"
+        )
+    if not sample.finished:
+        sample.finish_reason, sample.stop_reason = resumed.finish_reason, resumed.stop_reason
+    return sample.finished
+
+
 def check_stop_matcher_cls(cls: type) -> None:
     """Refuse a stop-string matcher class that lacks StopStringMatcher's feed and flush."""
     missing = [m for m in ("feed", "flush") if not callable(getattr(cls, m, None))]
@@ -168,6 +202,7 @@ class OutputProcessor:
         self.sample_output_cls = sample_output_cls  # chapter 09 plugs the student's in here
         self.stop_matcher_cls = stop_matcher_cls  # and its stop-string matcher (9.5) here
         self.requests: dict[str, RequestState] = {}
+        self.ready: list[RequestOutput] = []  # final outputs of requests resumed finished
 
     def add_request(
         self,
@@ -176,7 +211,13 @@ class OutputProcessor:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float,
-    ) -> None:
+        resumed: NewTokens | None = None,
+    ) -> bool:
+        """Hold a request's output side. `resumed`: the tokens it generated elsewhere (its
+        one sample's first, with the finish the token stop rules gave them), primed without
+        showing them. Returns whether it still has tokens to generate (False: the resume
+        tokens finished it; its final output waits in `ready`). ValueError when a stop
+        string ends the text before the last resume token (ResumeTokensError)."""
         samples = [
             self.sample_output_cls(
                 index=i,
@@ -193,14 +234,35 @@ class OutputProcessor:
         )
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None] * len(prompt_token_ids)
-        self.requests[request_id] = state
+        finished = resumed is not None and _primed_finished(state.samples[resumed.index], resumed)
+        self.requests[request_id] = state  # (once finished, `_output` lets go of it)
+        if not finished:
+            return True
+        with_logprobs = params.logprobs is not None
+        sample = state.samples[resumed.index]
+        final = CompletionOutput(
+            sample.index, "", [], sample.finish_reason, sample.stop_reason,
+            [] if with_logprobs else None, 0.0 if with_logprobs else None,
+        )  # fmt: skip
+        self.ready.append(self._output(state, [final], time.monotonic()))
+        return False
+
+    def holds(self, request_id: str) -> bool:
+        """The request is running, or its final output waits to be taken."""
+        return request_id in self.requests or any(o.request_id == request_id for o in self.ready)
+
+    def take_ready(self) -> list[RequestOutput]:
+        """The final outputs of requests whose resume tokens finished them (once each)."""
+        ready, self.ready = self.ready, []
+        return ready
 
     def forget(self, request_id: str) -> None:
         """Drop a request (aborted, or carried on by another instance)."""
         self.requests.pop(request_id, None)
+        self.ready = [o for o in self.ready if o.request_id != request_id]
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests or self.ready)
 
     def add_prompt_logprobs(self, scored: dict[str, PromptLogprobs]) -> None:
         """A step's scored prompt chunks, by request id (gone requests are skipped)."""

@@ -14,17 +14,24 @@ tokens into what the caller sees.
 A sample asked for structured output owns its grammar matcher (`minserve/structured/`):
 `Sample.append` advances it with each token kept, next to the tokens themselves, so the
 two never disagree; the worker only reads it through the sampling row.
+
+A request resumed from its journal (`resume_token_ids`: the tokens it generated elsewhere
+before that instance died) starts with them as its sample's first output tokens
+(`Sample.replay`): the grammar advances over them and the stop rules count them, and since
+the sampler reads a sample's output tokens (penalties, min_tokens) and its position (seeded
+draws) from here, the tokens that follow are the ones the uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from minserve.errors import PromptTooLongError
+from minserve.errors import PromptTooLongError, ResumeTokensError
 from minserve.model.sampler import SamplingRow
 from minserve.sampling_params import SamplingParams
 
@@ -77,20 +84,40 @@ class Sample:
         """Add one sampled token; finish on EOS or a stop token ("stop"), when the grammar
         is complete ("stop", even with ignore_eos: nothing may follow), else at the length
         limit ("length")."""
+        if self.constraint is not None and not self.constraint.accept(token_id):
+            # the sampler drew it under the grammar's mask: this is a bug, not bad input
+            raise RuntimeError(f"token {token_id} breaks sample {self.index}'s grammar")
+        self._keep(token_id, rules)
+
+    def replay(self, token_ids: Sequence[int], rules: StopRules) -> None:
+        """Take tokens generated elsewhere as this sample's first ones (a request resumed
+        from its journal): the grammar and the token stop rules see them exactly as if they
+        had been sampled here. ResumeTokensError (a ValueError) for a list that no run
+        could have generated: a token the grammar refuses, or tokens after one that
+        finished the sample."""
+        for position, token_id in enumerate(token_ids):
+            if self.finished:
+                raise ResumeTokensError(
+                    f"resume_token_ids[{position - 1}] already finishes the request "
+                    f"({self.finish_reason!r}), so the {len(token_ids) - position} tokens after "
+                    "it cannot follow; resume with the tokens up to it"
+                )
+            if self.constraint is not None and not self.constraint.accept(token_id):
+                raise ResumeTokensError(
+                    f"resume_token_ids[{position}] (token {token_id}) is not allowed there by "
+                    "the structured output's grammar"
+                )
+            self._keep(token_id, rules)
+
+    def _keep(self, token_id: int, rules: StopRules) -> None:
+        """A token the grammar (if any) accepted: keep it, then apply the stop rules."""
         self.token_ids.append(token_id)
-        if self.constraint is not None:
-            self._advance_grammar(token_id)
+        if self.constraint is not None and self.constraint.is_terminated:
+            self.finish("stop")
         if self._stops_on_token(token_id, rules):
             self.finish("stop", None if token_id in rules.eos_token_ids else token_id)
         elif self._at_length_limit(rules):
             self.finish("length", None)
-
-    def _advance_grammar(self, token_id: int) -> None:
-        assert self.constraint is not None
-        if not self.constraint.accept(token_id):  # the sampler drew it under the mask
-            raise RuntimeError(f"token {token_id} breaks sample {self.index}'s grammar")
-        if self.constraint.is_terminated:
-            self.finish("stop")
 
     def finish(self, reason: str, stop_reason: int | None = None) -> None:
         if not self.finished:
@@ -175,6 +202,44 @@ def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
     if len(token_ids) >= max_model_len:  # leave room for at least one new token
         raise PromptTooLongError(len(token_ids), max_model_len)
+
+
+def validate_resume(
+    resume_token_ids: Sequence[int], num_prompt_tokens: int, params: SamplingParams,
+    vocab_size: int, max_model_len: int,
+) -> None:  # fmt: skip
+    """Reject a resume list that cannot continue this request, saying why (with the
+    numbers): a single sample only, token ids in the vocabulary, prompt and resume tokens
+    within max_model_len, no more resume tokens than max_tokens. (What the tokens mean,
+    the grammar and the stop rules, is `Sample.replay`'s and the output processor's to
+    check.)"""
+    if params.n != 1:
+        raise ResumeTokensError(
+            f"resume_token_ids continues one sample; n must be 1, got {params.n}"
+        )
+    bad = [t for t in resume_token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
+    if bad:
+        raise ResumeTokensError(
+            f"resume_token_ids must be integers in [0, {vocab_size}), the model's "
+            f"vocabulary; got {bad[:5]}"
+        )
+    num_resumed = len(resume_token_ids)
+    if num_prompt_tokens + num_resumed > max_model_len:
+        raise ResumeTokensError(
+            f"the prompt ({num_prompt_tokens} tokens) and resume_token_ids ({num_resumed} "
+            f"tokens) make {num_prompt_tokens + num_resumed} tokens; max_model_len is "
+            f"{max_model_len}"
+        )
+    if params.max_tokens is not None and num_resumed > params.max_tokens:
+        raise ResumeTokensError(
+            f"resume_token_ids has {num_resumed} tokens, more than max_tokens "
+            f"({params.max_tokens}), which counts them"
+        )
+    if params.prompt_logprobs is not None:
+        raise ResumeTokensError(
+            "prompt_logprobs cannot go with resume_token_ids: the request being continued "
+            "scored its prompt already"
+        )
 
 
 def validate_params(params: SamplingParams, vocab_size: int) -> None:

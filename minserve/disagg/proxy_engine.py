@@ -98,9 +98,11 @@ class DisaggregatedEngine:
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-        params: SamplingParams, priority: int = 0,
+        params: SamplingParams, priority: int = 0, resume_token_ids: list[int] | None = None,
     ) -> None:  # fmt: skip
         """Validate here, then queue for the least-loaded prefill instance's next round."""
+        if resume_token_ids:
+            raise ValueError("resume_token_ids: disaggregated serving does not continue requests")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.check_params(params)

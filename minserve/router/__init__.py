@@ -5,6 +5,7 @@
 """
 
 from minserve.router.app import Router, RouterConfig, build_router
+from minserve.router.journal import Journal
 from minserve.router.kv_aware import KVAware, KVAwareConfig
 from minserve.router.kv_blocks import KVBlocks
 from minserve.router.kv_feed import KVFeed
@@ -17,6 +18,7 @@ __all__ = [
     "POLICIES",
     "CacheAware",
     "Decision",
+    "Journal",
     "KVAware",
     "KVAwareConfig",
     "KVBlocks",

@@ -24,6 +24,9 @@ def add_router_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies: 413")
+    p.add_argument("--max-resumes", type=int, default=2,
+                   help="times a request is sent again after its replica broke; a stream "
+                   "goes on from another replica after the tokens relayed (0: never)")  # fmt: skip
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="kv_aware: the served model's .gguf file or Hugging Face folder, "
                    "to tokenize prompts as replicas do (default: the bundled model's)")  # fmt: skip
@@ -46,6 +49,7 @@ def _route(args: argparse.Namespace) -> int:
         replicas=tuple(args.replica), policy=args.policy,
         balance_threshold=args.balance_threshold, chunk_size=args.chunk_size,
         cooldown_s=args.cooldown, max_request_bytes=args.max_request_bytes,
+        max_resumes=args.max_resumes,
         tokenizer=args.tokenizer, kv_aware=kv_aware, kv_events_check_s=args.kv_events_check,
     )  # fmt: skip
     router = build_router(config)

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from minserve.router.stall_histogram import StallHistogram
+
 PREFIX = "minserve_router:"
 
 
@@ -30,6 +32,9 @@ class Replica:
     matched_units: int = 0  # prompt units the router expected this replica to hold
     expected_blocks: Counter[str] = field(default_factory=Counter)  # kv_aware, by medium
     errors: int = 0  # connections refused or broken
+    resumes: int = 0  # streams continued here after their replica failed mid-stream
+    resumed_tokens: int = 0  # generated tokens those streams carried over
+    broken_streams: int = 0  # streams that failed here and could not be continued
 
     def is_up(self, now: float | None = None) -> bool:
         return (time.monotonic() if now is None else now) >= self.down_until
@@ -54,10 +59,13 @@ def parse_replica_url(url: str) -> str:
 
 
 class _RouterCollector(Collector):
-    """Per-replica counts and gauges, read from the replicas at scrape time."""
+    """Per-replica counts and gauges, read from the replicas at scrape time; the stalls of
+    resumed streams."""
 
-    def __init__(self, replicas: list[Replica], catchups: Sequence[Counter[str]]) -> None:
-        self.replicas, self.catchups = replicas, catchups
+    def __init__(
+        self, replicas: list[Replica], catchups: Sequence[Counter[str]], stalls: StallHistogram
+    ) -> None:
+        self.replicas, self.catchups, self.stalls = replicas, catchups, stalls
 
     def collect(self) -> Iterator[Metric]:
         routed = CounterMetricFamily(
@@ -85,6 +93,18 @@ class _RouterCollector(Collector):
         )
         up = GaugeMetricFamily(PREFIX + "replica_up", "1 if the replica is routed to, 0 if "
                                "skipped after an error", labels=["replica"])  # fmt: skip
+        resumes = CounterMetricFamily(
+            PREFIX + "stream_resumes", "Streams continued on this replica after their replica "
+            "failed mid-stream", labels=["replica"],
+        )  # fmt: skip
+        carried = CounterMetricFamily(
+            PREFIX + "resumed_tokens", "Generated tokens carried over to this replica by "
+            "resumed streams (its resume_token_ids)", labels=["replica"],
+        )  # fmt: skip
+        broken = CounterMetricFamily(
+            PREFIX + "streams_broken", "Streams that failed on this replica and ended with an "
+            "error event (no replica, or no resume, left)", labels=["replica"],
+        )  # fmt: skip
         now = time.monotonic()
         for r, caught_up in zip(self.replicas, self.catchups, strict=True):
             for reason, count in sorted(r.routed.items()):
@@ -97,14 +117,25 @@ class _RouterCollector(Collector):
             errors.add_metric([r.url], r.errors)
             in_flight.add_metric([r.url], r.in_flight)
             up.add_metric([r.url], float(r.is_up(now)))
-        yield from (routed, matched, blocks, catchups, errors, in_flight, up)
+            resumes.add_metric([r.url], r.resumes)
+            carried.add_metric([r.url], r.resumed_tokens)
+            broken.add_metric([r.url], r.broken_streams)
+        stalls = self.stalls.family(
+            PREFIX + "resume_stall_seconds",
+            "Seconds from a replica's failure mid-stream to the stream's next chunk from another",
+        )
+        yield from (routed, matched, blocks, catchups, errors, in_flight, up, resumes, carried,
+                    broken, stalls)  # fmt: skip
 
 
 def render_metrics(
-    replicas: list[Replica], catchups: Sequence[Counter[str]] | None = None
-) -> bytes:
+    replicas: list[Replica], catchups: Sequence[Counter[str]] | None = None,
+    stalls: StallHistogram | None = None,
+) -> bytes:  # fmt: skip
     """Prometheus text for these replicas (a fresh registry: no process-wide state);
-    `catchups`: per replica, the KV event feed's catch-ups by kind."""
+    `catchups`: per replica, the KV event feed's catch-ups by kind; `stalls`: resumed
+    streams' waits."""
     registry = CollectorRegistry()
-    registry.register(_RouterCollector(replicas, catchups or [Counter() for _ in replicas]))
+    catchups = catchups or [Counter() for _ in replicas]
+    registry.register(_RouterCollector(replicas, catchups, stalls or StallHistogram()))
     return generate_latest(registry)

@@ -401,11 +401,12 @@ class Scheduler:
         )
 
     def _record_cache_hit(self, seq: Sequence, start: int) -> None:
-        """A request's first chunk starts after its cached prefix: that many tokens were hits."""
+        """A request's first chunk starts after its cached prefix: that many tokens were hits
+        (of its prompt, and of a resumed request's resume tokens: its sample's first)."""
         request = seq.request
         if request.num_cached_tokens is None:
             request.num_cached_tokens = start
-            self.stats.num_prefix_cache_queries += len(request.prompt_token_ids)
+            self.stats.num_prefix_cache_queries += seq.num_tokens  # nothing sampled here yet
             self.stats.num_prefix_cache_hits += start
 
     def _accept_drafts(

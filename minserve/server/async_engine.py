@@ -24,7 +24,7 @@ import torch
 
 from minserve.device import use_device
 from minserve.engine_client import EngineClient
-from minserve.errors import RequestsFailedError, StepFailedError
+from minserve.errors import RequestsFailedError, ResumeTokensError, StepFailedError
 from minserve.outputs import RequestOutput
 from minserve.sampling_params import SamplingParams
 from minserve.server.admission import Admission, AdmissionConfig, RequestRefusedError, Work
@@ -65,6 +65,7 @@ class _Add:
     priority: int
     sink: _Sink
     arrival: float
+    resume_token_ids: list[int] | None = None
     accepted: Future = field(default_factory=Future)
 
 
@@ -185,14 +186,29 @@ class AsyncEngine:
         prompts: list[tuple[str | None, list[int]]],
         params: SamplingParams,
         priority: int = 0,
+        resume_token_ids: list[int] | None = None,
     ) -> RequestStream:
-        """Queue one engine request per (text, token ids); raise at once if any is refused."""
+        """Queue one engine request per (text, token ids); raise at once if any is refused.
+        `resume_token_ids`: a single prompt's request continues after these tokens."""
         if not self.is_running:
             raise EngineStoppedError("the engine loop is not running")
+        if resume_token_ids and len(prompts) != 1:
+            raise ResumeTokensError(
+                f"resume_token_ids continues one prompt; the request has {len(prompts)}"
+            )
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
         prefix = f"req-{next(self._ids)}"
         adds = [
-            _Add(f"{prefix}-{i}", text, ids, params, priority, sink, time.monotonic())
+            _Add(
+                f"{prefix}-{i}",
+                text,
+                ids,
+                params,
+                priority,
+                sink,
+                time.monotonic(),
+                resume_token_ids,
+            )  # fmt: skip
             for i, (text, ids) in enumerate(prompts)
         ]
         self._reserve(adds)
@@ -311,7 +327,7 @@ class AsyncEngine:
         try:
             self.engine.add_request(
                 command.request_id, command.prompt, command.prompt_token_ids,
-                command.params, command.priority,
+                command.params, command.priority, command.resume_token_ids,
             )  # fmt: skip
         except Exception as error:  # bad prompt: the handler answers 400
             self._release(command.request_id)
@@ -393,7 +409,9 @@ class AsyncEngine:
 
 def _work(add: _Add) -> Work:
     """What a request adds to the server's work: n sequences, each decoding over its prompt
-    and up to max_tokens, and a prompt to prefill once."""
+    and up to max_tokens, and a prompt to prefill once (a resumed one's, with the resume
+    tokens, which max_tokens counts)."""
     prompt, params = len(add.prompt_token_ids), add.params
-    context = params.n * (prompt + (params.max_tokens or 0))
-    return Work(params.n, context, prompt)
+    resumed = len(add.resume_token_ids or ())
+    context = params.n * (prompt + max(params.max_tokens or 0, resumed))
+    return Work(params.n, context, prompt + resumed)

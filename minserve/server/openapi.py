@@ -130,10 +130,13 @@ def request_schemas(limits: ServerLimits, takes_priority: bool) -> dict[str, dic
 
 def _write_limits(fields: dict[str, dict], limits: ServerLimits, takes_priority: bool) -> None:
     """What this server always refuses: more samples than seats, token ids past the
-    vocabulary, more tokens than the context leaves after a one-token prompt, `priority`
-    without the priority policy."""
+    vocabulary (stop and resume tokens), more tokens than the context leaves after a
+    one-token prompt, `priority` without the priority policy."""
     fields["n"]["maximum"] = min(fields["n"]["maximum"], limits.max_num_seqs)
     fields["stop_token_ids"]["anyOf"][0]["items"]["maximum"] = limits.vocab_size - 1
+    resume = fields["resume_token_ids"]["anyOf"][0]  # after a prompt of at least one token
+    resume.update(items={**resume["items"], "maximum": limits.vocab_size - 1},
+                  maxItems=limits.max_model_len - 1)  # fmt: skip
     logit_bias_keys = fields["logit_bias"]["anyOf"][0]["propertyNames"]
     logit_bias_keys["pattern"] = f"^({integers_up_to(limits.vocab_size - 1)})$"
     for name in ("max_tokens", "max_completion_tokens"):

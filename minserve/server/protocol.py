@@ -212,6 +212,16 @@ class _SamplingRequest(_Strict):
     user: str | None = None  # an end-user id for the caller's own logs; not used here
     structured_outputs: StructuredOutputs | None = None  # vLLM's: json, regex, choice, ...
     logit_bias: LogitBias | None = None  # OpenAI's: {"token id": bias in [-100, 100]}
+    # vLLM's: every choice (and streamed chunk) lists its token ids; the prompt's come too
+    return_token_ids: bool = False
+    # minserve's: continue a request after the tokens it generated elsewhere
+    resume_token_ids: TokenIds | None = None
+
+    @property
+    def resumes(self) -> bool:
+        """The request continues one that generated `resume_token_ids` already (a stream
+        that already showed its role, its prompt's echo and the text of those tokens)."""
+        return bool(self.resume_token_ids)
 
     @property
     def max_tokens_param(self) -> str:
@@ -279,7 +289,7 @@ class CompletionRequest(_SamplingRequest):
 
     @property
     def echoes_prompt(self) -> bool:
-        return self.echo
+        return self.echo and not self.resumes  # the stream being continued echoed it
 
     @property
     def prompt_only(self) -> bool:
@@ -290,7 +300,7 @@ class CompletionRequest(_SamplingRequest):
         max_tokens 0 runs one token that the response leaves out: with echo, the prompt
         alone (lm-eval's loglikelihood requests); without, an empty completion."""
         max_tokens = 1 if self.prompt_only else self.max_tokens
-        prompt_logprobs = self.logprobs if self.echo else None
+        prompt_logprobs = self.logprobs if self.echoes_prompt else None
         return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs)
 
     def prompts(self) -> list[str | list[int]]:

@@ -58,8 +58,21 @@ class ChoiceFormat:
     object: str
     chunk_object: str
 
-    def __init__(self, tokenizer: Tokenizer, top_logprobs: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, top_logprobs: int, token_ids: bool = False) -> None:
         self.tokenizer, self.top_logprobs = tokenizer, top_logprobs
+        self.token_ids = token_ids  # return_token_ids: choices list theirs, and the prompt's
+
+    def ids(self, piece: Piece) -> dict:
+        """{"token_ids": the ids behind the piece's text} with return_token_ids, else {}."""
+        return {"token_ids": list(piece.token_ids)} if self.token_ids else {}
+
+    def prompt_token_ids(self, prompts: list[list[int]]) -> dict:
+        """{"prompt_token_ids": ...} with return_token_ids (one prompt's ids; a batch's, one
+        list per prompt), else {}."""
+        if not self.token_ids:
+            return {}
+        lists = [list(ids) for ids in prompts]
+        return {"prompt_token_ids": lists[0] if len(lists) == 1 else lists}
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -82,11 +95,12 @@ class CompletionFormat(ChoiceFormat):
 
     def choice(self, piece: Piece) -> dict:
         return {"index": piece.index, "text": self.text(piece), "logprobs": self.logprobs(piece),
-                "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}  # fmt: skip
+                "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason,
+                **self.ids(piece)}  # fmt: skip
 
     def chunk_choice(self, piece: Piece, first: bool) -> dict:
         return {"index": piece.index, "text": self.text(piece), "logprobs": self.logprobs(piece),
-                "finish_reason": piece.finish_reason}  # fmt: skip
+                "finish_reason": piece.finish_reason, **self.ids(piece)}  # fmt: skip
 
     def text(self, piece: Piece) -> str:
         """The piece's text, after its prompt's when it echoes one."""
@@ -128,12 +142,13 @@ class ChatFormat(ChoiceFormat):
     def choice(self, piece: Piece) -> dict:
         message = {"role": "assistant", "content": piece.text}
         return {"index": piece.index, "message": message, "logprobs": self.logprobs(piece),
-                "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}  # fmt: skip
+                "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason,
+                **self.ids(piece)}  # fmt: skip
 
     def chunk_choice(self, piece: Piece, first: bool) -> dict:
         delta = {"role": "assistant", "content": piece.text} if first else {"content": piece.text}
         return {"index": piece.index, "delta": delta, "logprobs": self.logprobs(piece),
-                "finish_reason": piece.finish_reason}  # fmt: skip
+                "finish_reason": piece.finish_reason, **self.ids(piece)}  # fmt: skip
 
     def logprobs(self, piece: Piece) -> dict | None:
         if piece.logprobs is None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from minserve.errors import (
     GRAMMAR_DEAD_END,
     PromptTooLongError,
+    ResumeTokensError,
     StructuredOutputBusyError,
     StructuredOutputError,
 )
@@ -76,14 +77,14 @@ class OpenAIServing:
         batch = _as_api_error(body.prompts, "prompt")
         self.limits.check_batch(len(batch))  # before tokenizing what could never run
         prompts = [self._tokenize(p) for p in batch]
-        fmt = CompletionFormat(self.tokenizer, body.logprobs or 0)
+        fmt = CompletionFormat(self.tokenizer, body.logprobs or 0, body.return_token_ids)
         return await self._serve(request, body, prompts, fmt, "cmpl")
 
     async def chat(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         messages = [m.as_template_message() for m in body.messages]
         text = _as_api_error(lambda: self.tokenizer.apply_chat_template(messages), "messages")
-        fmt = ChatFormat(self.tokenizer, body.top_logprobs or 0)
+        fmt = ChatFormat(self.tokenizer, body.top_logprobs or 0, body.return_token_ids)
         return await self._serve(request, body, [self._tokenize(text)], fmt, "chatcmpl")
 
     async def _parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
@@ -114,11 +115,14 @@ class OpenAIServing:
         self.limits.check([len(ids) for _, ids in prompts], params, body.max_tokens_param, given)
         if body.max_tokens_param != "max_tokens" and body.max_tokens is not None:
             check_unused_max_tokens(self.limits, body.max_tokens, "max_tokens")
-        stream = await self._submit(prompts, params, priority, body.structured_field)
+        if body.resumes and body.prompt_only:
+            raise APIError(400, "max_tokens 0 generates nothing, so nothing continues after "
+                           "resume_token_ids", param="resume_token_ids")  # fmt: skip
+        stream = await self._submit(prompts, params, priority, body)
         response_id = f"{kind}-{uuid.uuid4().hex}"
         model = self.config.model_name
         if body.stream:
-            choice_stream = ChoiceStream(params.n, body.echoes_prompt)
+            choice_stream = ChoiceStream(params.n, body.echoes_prompt, body.resumes)
             events = _events(stream, choice_stream, fmt, response_id, model, body)
             return StreamingResponse(events, media_type="text/event-stream")
         outputs: dict[int, RequestOutput] = {}  # prompt index -> its whole output
@@ -128,7 +132,9 @@ class OpenAIServing:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed"
         choices = [fmt.choice(p) for p in whole_pieces(outputs, params.n, body.echoes_prompt)]
         counts = usage(*token_counts(outputs))
-        return JSONResponse(fmt.body(response_id, model, fmt.object, choices=choices, usage=counts))
+        prompt_ids = fmt.prompt_token_ids([outputs[p].prompt_token_ids for p in sorted(outputs)])
+        return JSONResponse(fmt.body(response_id, model, fmt.object, choices=choices,
+                                     **prompt_ids, usage=counts))  # fmt: skip
 
     def _priority(self, value: int | str | None) -> int:
         if value is None:
@@ -141,10 +147,13 @@ class OpenAIServing:
         return _as_api_error(lambda: priority_value(value), "priority")
 
     async def _submit(
-        self, prompts: list[Prompt], params: SamplingParams, priority: int, structured_field: str
+        self, prompts: list[Prompt], params: SamplingParams, priority: int, body: _SamplingRequest
     ):
+        structured_field = body.structured_field
         try:
-            return await self.engine.submit(prompts, params, priority)
+            return await self.engine.submit(prompts, params, priority, body.resume_token_ids)
+        except ResumeTokensError as e:  # out of range, too long, n > 1, not what a run gives
+            raise APIError(400, str(e), param="resume_token_ids") from e
         except PromptTooLongError as e:
             raise APIError(400, str(e), param="prompt", code="context_length_exceeded") from e
         except StructuredOutputBusyError as e:  # runaway compiles hold the compiler's cores
@@ -209,7 +218,8 @@ async def _events(
                 delta = without_output(delta)
             for piece, first in choices.pieces(prompt_index, delta):
                 choice = fmt.chunk_choice(piece, first)
-                yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[choice]))
+                ids = fmt.prompt_token_ids([delta.prompt_token_ids]) if first else {}
+                yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[choice], **ids))
         if body.include_usage:
             counts = usage(choices.prompt_tokens, choices.completion_tokens)
             yield sse(fmt.body(response_id, model, fmt.chunk_object, choices=[], usage=counts))

@@ -6,7 +6,9 @@ each delta's completions as they are, one piece per choice, numbered across the 
 the HTTP request: choice index = prompt index * n + sample index. A token whose text is
 held back (half a UTF-8 character, a possible stop string) still makes a piece, with its
 token id and empty text, so a client sees every token when it was sampled (TTFT and ITL as
-vLLM's `bench serve` measures them); the text follows with a later piece.
+vLLM's `bench serve` measures them); the text follows with a later piece. So with
+`return_token_ids` a piece lists the ids of the tokens sampled in its step, whatever text it
+shows, and a choice's ids over its pieces are all its generated tokens, in order.
 
 With /v1/completions' `echo`, each choice's first piece carries its prompt (and, with
 logprobs, the prompt's: they come with the request's first delta). With max_tokens 0 the
@@ -49,11 +51,14 @@ def without_output(delta: RequestOutput) -> RequestOutput:
 
 class ChoiceStream:
     """Numbers the deltas of one HTTP request's prompts, and counts the tokens for `usage`;
-    with `echo`, a choice's first piece starts with its prompt."""
+    with `echo`, a choice's first piece starts with its prompt. `resumed`: the stream
+    continues one that sent the choice's first piece already (`resume_token_ids`), so no
+    piece is a first one (chat's role, the echo and `prompt_token_ids` are not sent again)."""
 
-    def __init__(self, n: int, echo: bool = False) -> None:
+    def __init__(self, n: int, echo: bool = False, resumed: bool = False) -> None:
         self.n = n
         self.echo = echo
+        self.resumed = resumed
         self._started: set[int] = set()  # choices whose first piece went out (chat: the role)
         self._prompt_tokens: dict[int, int] = {}  # prompt index -> its length
         self.completion_tokens = 0
@@ -65,7 +70,7 @@ class ChoiceStream:
         for completion in delta.outputs:
             index = prompt_index * self.n + completion.index
             self.completion_tokens += len(completion.token_ids)
-            first = index not in self._started
+            first = index not in self._started and not self.resumed
             prompt = prompt_echo(delta) if self.echo and first else None
             pieces.append((piece_of(index, completion, prompt), first))
             self._started.add(index)
