@@ -18,7 +18,8 @@ def test_bench_router_prints_a_row_per_workload_and_policy(tiny_model, capsys):
             "--request-rate", "inf", "--num-blocks", "64"]  # fmt: skip
     assert main(argv) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| workload | policy | requests per replica | prefix hit rate (ideal)")
+    header = "| workload | policy | requests per replica | prefix hit rate (ideal)"
+    assert rows[0].startswith(header)
     assert [row.split(" | ")[:2] for row in rows[1:]] == [
         ["| multi-turn", "round_robin"], ["| multi-turn", "cache_aware"],
         ["| multi-turn", "kv_aware"],
