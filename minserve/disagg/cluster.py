@@ -76,17 +76,23 @@ def join_cluster(rank: int, spec: ClusterSpec) -> dist.ProcessGroup:
 def measure_links(
     rank: int, topology: PDTopology, device: torch.device
 ) -> dict[int, tuple[float, float]]:
-    """Every prefill/decode pair ping-pongs, in one global order (no rank waits in a cycle).
+    """Every prefill/decode pair ping-pongs, then every pair of decode ranks (live
+    migration), in one global order (no rank waits in a cycle).
 
-    Returns, on a prefill rank, {decode rank: (latency_s, bandwidth B/s)}; elsewhere {}.
+    Returns {peer: (latency_s, bandwidth B/s)}: on a prefill rank its decode ranks, on a
+    decode rank the other decode ranks (both ends keep a decode pair's numbers).
     """
-    links = {}
-    for p in topology.prefill_ranks:
-        for d in topology.decode_ranks:
-            if rank == p:
-                links[d] = measure_link(d, sender=True, device=device)
-            elif rank == d:
-                measure_link(p, sender=False, device=device)
+    links: dict[int, tuple[float, float]] = {}
+    pairs = [(p, d) for p in topology.prefill_ranks for d in topology.decode_ranks]
+    decode = topology.decode_ranks
+    pairs += [(a, b) for i, a in enumerate(decode) for b in decode[i + 1 :]]
+    for sender, receiver in pairs:
+        if rank == sender:
+            links[receiver] = measure_link(receiver, sender=True, device=device)
+        elif rank == receiver:
+            link = measure_link(sender, sender=False, device=device)
+            if not topology.is_prefill(sender):
+                links[sender] = link
     return links
 
 
@@ -118,7 +124,7 @@ def instance_main(rank: int, spec: ClusterSpec, status: Any) -> None:
         if spec.topology.is_prefill(rank):
             serve_prefill_rounds(engine, control, links, spec.transfer_policy, kv_device)
         else:
-            serve_decode_rounds(engine, control, kv_device)
+            serve_decode_rounds(engine, control, kv_device, rank, links)
     finally:
         dist.destroy_process_group()
     # Told to stop: leave now. The interpreter's own exit spends seconds in native

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 FROM_PROXY = ("prompt_tokens", "generation_tokens", "num_requests_finished",
-              "num_requests_aborted", "num_steps")  # fmt: skip
+              "num_requests_aborted", "num_requests_resumed", "num_steps")  # fmt: skip
 HIGHEST = ("kv_cache_usage_peak", "block_size")
 
 

@@ -135,6 +135,33 @@ class TorchKVTransfer:
         self.stats.kv_bytes += kv.numel() * kv.element_size()
         return kv
 
+    # --- live migration: JSON both ways, and blocks that travel while a step runs ---
+
+    def send_message(self, message: Any) -> None:
+        send_json(message, self.peer, self.group)
+
+    def receive_message(self) -> Any:
+        return recv_json(self.peer, self.group)
+
+    def start_send_blocks(self, kv: torch.Tensor) -> tuple[torch.Tensor, dist.Work]:
+        """Send blocks without waiting: a pre-copy stage's blocks travel while the source runs
+        its decode step. Keep the tensor returned until the work's `.wait()` returns."""
+        wire = as_wire(kv.to(self.device).contiguous())
+        work = dist.isend(wire, self.peer, group=self.group)
+        self.stats.num_transfers += 1
+        self.stats.kv_bytes += kv.numel() * kv.element_size()
+        return wire, work
+
+    def start_receive_blocks(
+        self, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, dist.Work]:
+        """Post the receive of blocks; they are in the tensor once the work's `.wait()` returns."""
+        kv = torch.empty(shape, dtype=dtype, device=self.device)  # [layers, 2, blocks, bs, Hkv, D]
+        work = dist.irecv(as_wire(kv), self.peer, group=self.group)
+        self.stats.num_transfers += 1
+        self.stats.kv_bytes += kv.numel() * kv.element_size()
+        return kv, work
+
 
 def as_wire(kv: torch.Tensor) -> torch.Tensor:
     """An fp8 KV cache's blocks travel as their bytes (a view): gloo has no fp8 type."""

@@ -3,7 +3,9 @@
 One round, as the proxy (rank 0) commands it:
 
     abort what the proxy says (queued, mid-prefill, or prefilled and waiting to leave)
-    add the new requests to its engine
+    add the new requests to its engine, and those it resumes: requests whose decode
+        instance died when no other is left, continued here after their tokens so far
+        (they stay and decode here)
     hand off last round's prefills: for each destination decode rank, in rank order,
         offer (JSON) -> acks -> KV blocks (send) -> free its own copies
     one prefill step; requests that got their first token are detached, kept for the next
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minserve.disagg.engine_hooks import detach_prefilled
+from minserve.disagg.engine_hooks import detach_prefilled, resume_from_json
 from minserve.disagg.hand_off import send_prefilled
 from minserve.disagg.kv_transfer import KVOffer, TorchKVTransfer
 from minserve.disagg.kv_wire import HOST
@@ -63,6 +65,7 @@ class PrefillInstance:
         self.rules = {d: TransferRule(*link, policy=policy) for d, link in links.items()}
         self.transfers = {d: TorchKVTransfer(d, device=kv_device) for d in links}
         self.leaving: dict[str, Sequence] = {}
+        self.staying: set[str] = set()  # resumed here: they decode here, they never leave
 
     def round(self, command: dict[str, Any]) -> dict[str, Any]:
         for request_id in command["abort"]:
@@ -72,13 +75,16 @@ class PrefillInstance:
             self.engine.add_request(
                 add["id"], None, add["prompt_token_ids"], params, add["priority"]
             )
+        failed = resume_from_json(self.engine, command["resume"])
+        self.staying |= {r["id"] for r in command["resume"] if r["id"] not in failed}
         decisions, lost = self.hand_off(command["send"])
         outputs, leaving = self.step()
         stats = self.engine.get_metrics()
         return {"outputs": outputs, "leaving": leaving, "decisions": decisions, "lost": lost,
-                "stats": stats}  # fmt: skip
+                "failed": failed, "stats": stats}  # fmt: skip
 
     def abort(self, request_id: str) -> None:
+        self.staying.discard(request_id)
         seq = self.leaving.pop(request_id, None)
         if seq is not None:
             self.engine.scheduler.free_detached(seq)
@@ -124,7 +130,9 @@ class PrefillInstance:
             outputs = self.engine.step()
         for record, rule in itertools.product(records, self.rules.values()):
             rule.observe_prefill(record.scheduler_output.num_batched_tokens, record.timings.forward)
+        self.staying -= {o.request_id for o in outputs if o.finished}
         leaving = [o.request_id for o in outputs if not o.finished]
+        leaving = [request_id for request_id in leaving if request_id not in self.staying]
         for request_id in leaving:  # its decode instance reports the tokens after this one
             self.leaving[request_id] = detach_prefilled(self.engine, request_id)
         return [delta_json(o) for o in outputs], leaving

@@ -7,15 +7,21 @@ streams through it exactly as through a colocated `LLMEngine`. One `step()` is o
 live instance (abort, add, hand off KV), and collect each one's report of new tokens, so
 the step returns each request's delta (`token_deltas.py`) and the server streams them.
 
-A dead instance (its socket closes, or a report takes longer than the step timeout) costs
-only the requests it held: `step()` raises `RequestsFailedError` naming them, with the
-step's other outputs, and the next rounds leave that rank out.
+A dead instance (its socket closes, or a report takes longer than the step timeout) is left
+out of the next rounds, and the requests it held carry on elsewhere: one that streamed no
+token yet is prefilled again on a live prefill instance; the others resume on a live decode
+instance (with none left, on a prefill instance) from prompt + the tokens streamed so far,
+so their streams go on as if nothing happened. Only a request with nowhere to go fails:
+`step()` raises `RequestsFailedError` naming it, with the step's other outputs.
+
+Live migration (Llumnix): `migrate(request_id, to_rank)` moves a decoding request to another
+decode instance while it decodes (multi-stage pre-copy, `migration.py`); `drain(rank)` moves
+every request off one. The proxy's bookkeeping is `migration_control.py`.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,8 @@ from minserve.disagg.cluster import (
 )
 from minserve.disagg.instance_stats import merge_stats
 from minserve.disagg.kv_wire import choose_kv_wire
+from minserve.disagg.migration import PRE_COPY, StagePolicy
+from minserve.disagg.migration_control import MigrationControl
 from minserve.disagg.placement import least_loaded
 from minserve.disagg.token_deltas import RemoteRequest
 from minserve.disagg.topology import PDTopology
@@ -40,7 +48,7 @@ from minserve.errors import RequestsFailedError, StructuredOutputError
 from minserve.model.default_model import default_model_path
 from minserve.model.tokenizer import Tokenizer
 from minserve.outputs import RequestOutput
-from minserve.request import validate_prompt
+from minserve.request import validate_prompt, validate_resume
 from minserve.sampling_params import SamplingParams
 
 
@@ -86,9 +94,14 @@ class DisaggregatedEngine:
         self.instance_stats: dict[int, dict[str, float]] = {}
         self.counters: Counter[str] = Counter()
         self._adds: dict[int, list[dict]] = defaultdict(list)  # rank -> adds not sent yet
+        self._resumes: dict[int, list[dict]] = defaultdict(list)  # rank -> resumes not sent yet
         self._aborts: dict[int, list[str]] = defaultdict(list)
         self._leaving: dict[int, list[str]] = defaultdict(list)  # prefilled, not placed yet
         self._admitted: set[str] = set()  # ids decode ranks took in this round
+        self._orphans: set[str] = set()  # hand-offs lost this round: resume them
+        self._deaths: dict[int, str] = {}  # dead rank -> what happened to it
+        self._failed: dict[str, str] = {}  # request id -> why an instance refused to resume it
+        self.migrations = MigrationControl(self.topology.decode_ranks)
         self.closed = False
 
     # --- requests in and out (the interface AsyncEngine drives) ---
@@ -100,18 +113,24 @@ class DisaggregatedEngine:
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
         params: SamplingParams, priority: int = 0, resume_token_ids: list[int] | None = None,
     ) -> None:  # fmt: skip
-        """Validate here, then queue for the least-loaded prefill instance's next round."""
-        if resume_token_ids:
-            raise ValueError("resume_token_ids: disaggregated serving does not continue requests")
+        """Validate here, then queue for the least-loaded prefill instance's next round.
+
+        resume_token_ids (tokens it generated elsewhere): it goes straight to a decode
+        instance, which computes prompt + those tokens and continues after them."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.check_params(params)
         validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
         rank = self._least_loaded(self._live(self.topology.prefill_ranks))
-        self.requests[request_id] = RemoteRequest(request_id, prompt, prompt_token_ids, rank)
-        params_json = asdict(params)
-        self._adds[rank].append({"id": request_id, "prompt_token_ids": prompt_token_ids,
-                                 "params": params_json, "priority": priority})  # fmt: skip
+        request = RemoteRequest(request_id, prompt, prompt_token_ids, rank, params, priority)
+        if resume_token_ids:
+            validate_resume(resume_token_ids, len(prompt_token_ids), params, self.vocab_size,
+                            self.max_model_len)  # fmt: skip
+            request.token_ids = list(resume_token_ids)
+            self._place_again(request)  # as a request whose instance died
+        else:
+            self._adds[rank].append(request.add_json())
+        self.requests[request_id] = request
         self.counters["prompt_tokens"] += len(prompt_token_ids)
 
     def check_params(self, params: SamplingParams) -> None:
@@ -130,17 +149,18 @@ class DisaggregatedEngine:
             return
         self.counters["num_requests_aborted"] += 1
         rank = request.location
-        queued = [a for a in self._adds[rank] if a["id"] != request_id]
-        if len(queued) < len(self._adds[rank]):
-            self._adds[rank] = queued  # never sent: nothing to free anywhere
-            return
+        for pending in (self._adds, self._resumes):
+            queued = [a for a in pending[rank] if a["id"] != request_id]
+            if len(queued) < len(pending[rank]):
+                pending[rank] = queued  # never sent: nothing to free anywhere
+                return
         if request_id in self._leaving[rank]:
             self._leaving[rank].remove(request_id)
         if rank in self.alive:
             self._aborts[rank].append(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or any(self._aborts.values())
+        return bool(self.requests) or any(self._aborts.values()) or self.migrations.busy
 
     # --- one round ---
 
@@ -148,24 +168,28 @@ class DisaggregatedEngine:
         """Command every live instance, collect every report; outputs of requests with news."""
         self.counters["num_steps"] += 1
         lost: dict[str, str] = {}
+        self.migrations.start_round(self.requests, self.alive, self._least_loaded)
         sends = self._place_prefilled(lost)
         commands = self._commands(sends)
         for rank, command in commands.items():
             try:
                 send_json(command, rank, self.control)
             except (RuntimeError, dist.DistError) as error:
-                self._instance_died(rank, error, lost)
-        deltas: list[RequestOutput] = []
+                self._instance_died(rank, error)
+        reports = {}
         for rank in commands:
             if rank not in self.alive:
                 continue
             try:
-                report = recv_json(rank)
+                reports[rank] = recv_json(rank)
             except (RuntimeError, dist.DistError) as error:
-                self._instance_died(rank, error, lost)
-                continue
-            self._apply(rank, report, deltas, lost)
-        self._lost_in_transit(sends, lost)
+                self._instance_died(rank, error)
+        self._settle_migrations(reports)
+        deltas: list[RequestOutput] = []
+        for rank, report in reports.items():
+            self._apply(rank, report, deltas)
+        self._lost_in_transit(sends)
+        self._recover(lost)
         outputs = self._outputs(deltas, lost)
         if lost:
             reasons = "; ".join(sorted(set(lost.values())))
@@ -176,24 +200,26 @@ class DisaggregatedEngine:
         commands = {}
         for rank in self._live(self.topology.prefill_ranks):
             adds, aborts = self._adds.pop(rank, []), self._aborts.pop(rank, [])
-            commands[rank] = {"stop": False, "add": adds, "abort": aborts, "send": sends[rank]}
+            commands[rank] = {"stop": False, "add": adds, "abort": aborts, "send": sends[rank],
+                              "resume": self._resumes.pop(rank, [])}  # fmt: skip
         for rank in self._live(self.topology.decode_ranks):
             senders = sorted(p for p, items in sends.items() if any(d == rank for _, d in items))
             commands[rank] = {"stop": False, "abort": self._aborts.pop(rank, []),
-                              "receive_from": senders}  # fmt: skip
+                              "resume": self._resumes.pop(rank, []), "receive_from": senders,
+                              "migrate": self.migrations.commands(rank)}  # fmt: skip
         return commands
 
     def _place_prefilled(self, lost: dict[str, str]) -> dict[int, list[list]]:
-        """Each prefilled request goes to the least-loaded live decode instance."""
+        """Each prefilled request goes to the least-loaded live decode instance (with none
+        left, it is resumed on a prefill instance and decodes there)."""
         sends: dict[int, list[list]] = defaultdict(list)
-        decode = self._live(self.topology.decode_ranks)
+        decode = self._placeable_decode()
         for rank, request_ids in sorted(self._leaving.items()):
             for request_id in request_ids:
                 if request_id not in self.requests:
                     continue  # lost with its instance
                 if not decode:
-                    lost[request_id] = "no decode instance is alive"
-                    self._aborts[rank].append(request_id)  # the prefill rank frees its blocks
+                    self._resume(self.requests[request_id], lost)  # frees its blocks there
                     continue
                 target = self._least_loaded(decode)
                 self.requests[request_id].location = target
@@ -201,30 +227,68 @@ class DisaggregatedEngine:
         self._leaving.clear()
         return sends
 
-    def _apply(
-        self, rank: int, report: dict, deltas: list[RequestOutput], lost: dict[str, str]
-    ) -> None:
+    def _apply(self, rank: int, report: dict, deltas: list[RequestOutput]) -> None:
+        """One instance's report. Tokens count only from the instance holding the request
+        (a destination that committed a migration its source aborted holds a copy)."""
         self.instance_stats[rank] = report["stats"]
         for reported in report["outputs"]:
             request = self.requests.get(reported["id"])
-            if request is not None:
+            if request is not None and request.location == rank:
                 deltas.append(request.delta(reported))
                 self.counters["generation_tokens"] += len(reported["token_ids"])
         self._leaving[rank] += [r for r in report.get("leaving", []) if r in self.requests]
         self._admitted.update(request_id for request_id, _ in report.get("admitted", []))
         for decision in report.get("decisions", []):
             self.decisions[decision["request_id"]] = {**decision, "from_rank": rank}
-        for request_id in report["lost"]:
-            lost[request_id] = f"the KV hand-off of {request_id} failed (an instance died)"
+        self._orphans.update(report["lost"])  # a hand-off cut by an instance's death
+        self._failed.update(report.get("failed", {}))  # resumes the instance refused
 
-    def _lost_in_transit(self, sends: dict[int, list[list]], lost: dict[str, str]) -> None:
+    def _lost_in_transit(self, sends: dict[int, list[list]]) -> None:
         """A prefill rank that died mid-round: what it was handing off and no decode rank got."""
         for rank, items in sends.items():
             if rank not in self.alive:
-                for request_id, _ in items:
-                    if request_id not in self._admitted:
-                        lost.setdefault(request_id, f"prefill rank {rank} died handing it off")
+                self._orphans.update(r for r, _ in items if r not in self._admitted)
         self._admitted.clear()
+
+    # --- requests whose instance died: resumed elsewhere ---
+
+    def _recover(self, lost: dict[str, str]) -> None:
+        """Requests on a dead instance, or whose hand-off was lost, carry on elsewhere."""
+        lost.update(self._failed)
+        self._failed.clear()
+        for request_id, request in self.requests.items():
+            orphaned = request_id in self._orphans or request.location not in self.alive
+            if orphaned and request_id not in lost:
+                self._resume(request, lost)
+        self._orphans.clear()
+
+    def _resume(self, request: RemoteRequest, lost: dict[str, str]) -> None:
+        """Place a request again whose instance died or lost it; fail it with nowhere to go."""
+        old = request.location
+        if old in self.alive:
+            self._aborts[old].append(request.request_id)  # it may hold part of it: free that
+        if self._place_again(request):
+            self.counters["num_requests_resumed"] += 1
+        else:
+            lost[request.request_id] = self._deaths.get(
+                old, f"the KV hand-off of {request.request_id} failed"
+            )
+
+    def _place_again(self, request: RemoteRequest) -> bool:
+        """No token streamed yet: to a prefill instance, from the start. Else to a live
+        decode instance (with none left, a prefill instance), to continue after the tokens
+        it streamed. False if no instance is left to take it."""
+        prefill = self._live(self.topology.prefill_ranks)
+        if not request.token_ids:
+            targets, queue = prefill, self._adds
+        else:
+            targets, queue = self._placeable_decode() or prefill, self._resumes
+        if not targets:
+            return False
+        request.location = self._least_loaded(targets)
+        json = request.add_json() if queue is self._adds else request.resume_json()
+        queue[request.location].append(json)
+        return True
 
     def _outputs(self, deltas: list[RequestOutput], lost: dict[str, str]) -> list[RequestOutput]:
         """This round's deltas of the requests not lost; finished ones are forgotten."""
@@ -237,42 +301,86 @@ class DisaggregatedEngine:
                 self.counters["num_requests_finished"] += 1
         return outputs
 
-    def _instance_died(self, rank: int, error: BaseException, lost: dict[str, str]) -> None:
-        """Leave the rank out from now on; the requests it held are lost."""
+    def _instance_died(self, rank: int, error: BaseException) -> None:
+        """Leave the rank out from now on; the requests it held are resumed after the round."""
         self.alive.discard(rank)
         proc = self.procs[rank]
         proc.join(2.0)  # a dead process's exit may lag its closed socket
         if proc.is_alive():
             proc.terminate()  # stuck past the step timeout: it cannot rejoin the rounds
         kind = "prefill" if self.topology.is_prefill(rank) else "decode"
-        reason = (
+        self._deaths[rank] = (
             f"the {kind} instance (rank {rank}, pid {proc.pid}, exit code {proc.exitcode}) "
             f"failed: {error}"
         )
-        for request_id, request in self.requests.items():
-            if request.location == rank:
-                lost[request_id] = reason
-        self._adds.pop(rank, None)
-        self._aborts.pop(rank, None)
-        self._leaving.pop(rank, None)
+        for pending in (self._adds, self._resumes, self._aborts, self._leaving):
+            pending.pop(rank, None)
         self.instance_stats.pop(rank, None)
+
+    # --- live migration (the bookkeeping is `migration_control.py`) ---
+
+    def migrate(self, request_id: str, to_rank: int, policy: StagePolicy = PRE_COPY) -> int:
+        """Move a decoding request to decode instance `to_rank` while it decodes (live
+        migration, Llumnix); returns the rank it leaves. The next rounds carry it out (see
+        `migrations.outcomes`); safe to call from a thread other than the one stepping.
+
+        Raises UnknownRequestError, UnknownInstanceError (not a decode rank), or
+        MigrationConflictError (not decoding yet, there already, moving already, dead)."""
+        return self.migrations.order(self.requests, self.alive, request_id, to_rank, policy)
+
+    def drain(self, rank: int) -> list[str]:
+        """Move every request off decode instance `rank` (each round starts a migration for
+        whatever it still holds), and place nothing new there until `undrain(rank)`.
+        Returns the requests it held. Safe to call from another thread."""
+        return self.migrations.drain(self.requests, self.alive, rank)
+
+    def undrain(self, rank: int) -> None:
+        """Place requests on decode instance `rank` again."""
+        self.migrations.undrain(self.alive, rank)
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Where each request in flight lives, and where it is migrating to (or None)."""
+        active = dict(self.migrations.active)
+        return [
+            {"request_id": r, "instance": q.location,
+             "migrating_to": active[r].target if r in active else None}
+            for r, q in dict(self.requests).items()
+        ]  # fmt: skip
+
+    def _settle_migrations(self, reports: dict[int, dict]) -> None:
+        moved, drop = self.migrations.settle(reports)
+        for request_id, target in moved.items():
+            if request_id in self.requests:
+                self.requests[request_id].location = target
+        for rank, request_id in drop:
+            self._aborts[rank].append(request_id)
 
     # --- placement, metrics, shutdown ---
 
     def _live(self, ranks: tuple[int, ...]) -> list[int]:
         return [r for r in ranks if r in self.alive]
 
+    def _placeable_decode(self) -> list[int]:
+        """Live decode ranks that take new requests: the ones not draining, if any."""
+        live = self._live(self.topology.decode_ranks)
+        return [r for r in live if r not in self.migrations.draining] or live
+
     def _least_loaded(self, ranks: list[int]) -> int:
         if not ranks:
             raise InstanceFailedError("no prefill instance is alive; restart the server")
-        held = Counter(r.location for r in self.requests.values())
+        active = self.migrations.active
+        held = Counter(
+            active[r].target if r in active else request.location
+            for r, request in self.requests.items()
+        )  # a migrating request counts where it goes
         free = {r: s["num_free_blocks"] for r, s in self.instance_stats.items()}
         return least_loaded(ranks, held, free)
 
     def get_metrics(self) -> dict[str, float]:
         """The live instances' stats added up, with the proxy's own request counters."""
         queued = sum(len(adds) for adds in self._adds.values())
-        return merge_stats(self.instance_stats, self.counters, queued, len(self.alive))
+        merged = merge_stats(self.instance_stats, self.counters, queued, len(self.alive))
+        return {**merged, **self.migrations.stats.as_metrics()}
 
     def kv_events_info(self) -> None:
         """The instances publish no KV events (their prefix caches are their own)."""

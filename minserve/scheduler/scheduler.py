@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minserve.config import SchedulerConfig
+from minserve.kvcache.block_table import BlockTable
 from minserve.kvcache.manager import KVCacheManager
 from minserve.messages import (
     ModelRunnerOutput,
@@ -530,3 +531,23 @@ def advance_sequences(
 
 
 # <<< exercise
+
+
+def adopt_computed(
+    scheduler: Scheduler, seq: Sequence, table: BlockTable, num_computed: int
+) -> None:
+    """A waiting sequence whose first `num_computed` tokens' KV another instance computed
+    and sent into `table` (live migration): it runs from there, as it would have there."""
+    if seq.status is not SeqStatus.WAITING or seq.block_table.blocks:
+        raise ValueError(f"request {seq.request_id!r} is not a waiting sequence without blocks")
+    if not 0 < num_computed < seq.num_tokens or table.num_tokens != num_computed:
+        raise ValueError(
+            f"request {seq.request_id!r} has {seq.num_tokens} tokens; a table of "
+            f"{table.num_tokens} tokens cannot hold its first {num_computed} computed ones"
+        )
+    scheduler.waiting.remove(seq)
+    seq.block_table = table
+    seq.num_computed_tokens = num_computed
+    seq.request.num_cached_tokens = 0
+    seq.status = SeqStatus.RUNNING
+    scheduler.running.append(seq)

@@ -3,6 +3,7 @@
 POST /v1/completions        POST /v1/chat/completions      GET /v1/models
 GET  /v1/models/{model_id}  GET  /health                   GET /metrics (Prometheus text)
 GET  /openapi.json          (request models, limits and error responses: openapi.py)
+Disaggregated (`DisaggregatedEngine`): /v1/admin/{migrate,drain,undrain,requests} (admin.py)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from minserve.engine_client import EngineClient
+from minserve.server.admin import MigratingEngine, install_admin_routes
 from minserve.server.async_engine import AsyncEngine
 from minserve.server.errors import APIError, check_api_key, install_error_handlers
 from minserve.server.limits import ServerLimits
@@ -135,4 +137,6 @@ def create_app(
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    if isinstance(driven, MigratingEngine):  # disaggregated: live migration, draining
+        install_admin_routes(app, engine, driven, config.api_key)
     return app
