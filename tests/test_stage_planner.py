@@ -19,16 +19,16 @@ def plan(filled: int, sent: int, stages: int = 0, max_stages: int = 4, tpb: int 
                       stages_done=stages, max_stages=max_stages)  # fmt: skip
 
 
-def test_a_long_context_is_pre_copied_first():
-    # going final would pause 0.5 + 101 x 1 = 101.5 ms > 10 ms; a stage of 100 blocks
-    # lasts 100.5 ms, in which the source fills 100.5 / 10 / 16 = 0.63 blocks < 100
-    assert plan(100, 0) == range(0, 100)
+def test_a_long_context_is_pre_copied_a_step_at_a_time():
+    # going final would pause 0.5 + 101 x 1 = 101.5 ms > 10 ms; one step hides 9.5 ms of
+    # copying: 9 blocks, while the source fills 10 / 10 / 16 = 0.06 blocks < 9
+    assert plan(100, 0) == range(0, 9)
 
 
 def test_once_what_is_left_fits_a_decode_step_it_goes_final():
     assert plan(101, 100, stages=1) == FINAL  # 0.5 + 2 x 1 = 2.5 ms <= 10 ms
     assert plan(108, 100, stages=1) == FINAL  # 0.5 + 9 = 9.5 ms
-    assert plan(110, 100, stages=1) == range(100, 110)  # 0.5 + 11 = 11.5 ms: one more stage
+    assert plan(110, 100, stages=1) == range(100, 109)  # 0.5 + 11 = 11.5 ms: one more stage
 
 
 def test_the_stage_cap_and_stop_and_copy():
@@ -53,19 +53,30 @@ def test_it_refuses_inputs_it_cannot_plan_with():
 
 def oracle(filled, sent, block_bytes, bandwidth_bytes_s, latency_s, step_s, tpb, stages, cap):
     """The rule, the slow way: blocks timed one at a time, decode steps counted one by one."""
+    per_block = block_bytes / bandwidth_bytes_s
     pause = latency_s
     for _ in range(filled - sent + 1):
-        pause += block_bytes / bandwidth_bytes_s
-    if pause <= step_s or stages >= cap:
+        pause += per_block
+    if pause <= step_s * (1 + 1e-12) or stages >= cap:
         return FINAL
-    transfer = latency_s + sum(block_bytes / bandwidth_bytes_s for _ in range(filled - sent))
-    stage_s = max(step_s, transfer)
-    tokens, clock = 0, 0.0
-    while clock + step_s <= stage_s * (1 + 1e-12):  # decode steps that fit the stage
-        clock += step_s
-        tokens += 1
-    tokens += (stage_s - clock) / step_s  # and the part of one under way
-    return FINAL if tokens / tpb >= filled - sent else range(sent, filled)
+
+    def filled_meanwhile(n: int) -> float:
+        stage_s = max(step_s, latency_s + sum(per_block for _ in range(n)))
+        tokens, clock = 0, 0.0
+        while clock + step_s <= stage_s * (1 + 1e-12):  # decode steps that fit the stage
+            clock += step_s
+            tokens += 1
+        return (tokens + (stage_s - clock) / step_s) / tpb  # and the part of one under way
+
+    hidden = 0  # blocks whose copy one step hides, counted one at a time
+    while latency_s + (hidden + 1) * per_block <= step_s * (1 + 1e-12):
+        hidden += 1
+    n = min(filled - sent, max(1, hidden))
+    if filled_meanwhile(n) >= n:
+        n = filled - sent
+        if filled_meanwhile(n) >= n:
+            return FINAL
+    return range(sent, sent + n)
 
 
 def test_it_agrees_with_the_brute_force_oracle():
@@ -109,12 +120,15 @@ def migrate(context_blocks: int, tpb: int, max_stages: int, **link) -> tuple[lis
     ("context_blocks", "expected_stages", "expected_final"),
     [
         (4, [], range(0, 5)),  # 0.5 + 5 x 1 ms fits a 10 ms step: final at once
-        (64, [range(0, 64)], range(64, 65)),  # 64.5 ms stage, 6 tokens meanwhile: no new block
-        (1024, [range(0, 1024)], range(1024, 1031)),  # 102 tokens meanwhile: 6 new blocks
+        # 9 blocks a stage (9.5 ms of copying hides in a 10 ms step), a token a stage: after
+        # 7 stages 63 are sent, 64 filled: 0.5 + 2 x 1 ms fits a step
+        (64, [range(i, i + 9) for i in range(0, 63, 9)], range(63, 65)),
+        # after 114 stages 1026 are sent of 1031 filled (122 tokens decoded meanwhile)
+        (1024, [range(i, i + 9) for i in range(0, 1026, 9)], range(1026, 1032)),
     ],
 )
 def test_a_whole_migration_sends_every_block_once(context_blocks, expected_stages, expected_final):
-    stages, pause, final = migrate(context_blocks, tpb=16, max_stages=8)
+    stages, pause, final = migrate(context_blocks, tpb=16, max_stages=200)
     assert (stages, final) == (expected_stages, expected_final)
     sent = [b for stage in [*stages, final] for b in stage]
     assert sent == list(range(final.stop))  # in order, each block once, the last one partial
@@ -125,7 +139,7 @@ def test_stop_and_copy_pauses_for_the_whole_context():
     stages, pause, final = migrate(1024, tpb=16, max_stages=0)
     assert stages == [] and final == range(0, 1025)
     assert pause == pytest.approx(5e-4 + 1025 * 1e-3)  # every block while the request waits
-    pre_copied = migrate(1024, tpb=16, max_stages=8)[1]
+    pre_copied = migrate(1024, tpb=16, max_stages=200)[1]
     assert pre_copied < pause / 100
 
 

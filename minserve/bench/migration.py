@@ -45,6 +45,7 @@ class MigrationGapRow:
     median_step_s: float
     pre_copy: MigrationGap
     stop_and_copy: MigrationGap
+    token_ids: tuple[int, ...] = ()  # every token the client received, in order
 
 
 @dataclass
@@ -80,10 +81,11 @@ def measure_migration_gaps(
     cluster.add_request(REQUEST_ID, None, prompt, params)
     stream = _Stream([], [])
     gaps = [_migrate(cluster, stream, settle_tokens, p) for p in (pre_copy, STOP_AND_COPY)]
+    received = tuple(cluster.requests[REQUEST_ID].token_ids)
     cluster.abort_request(REQUEST_ID)
     while cluster.has_unfinished_requests():
         cluster.step()
-    return MigrationGapRow(context_len, _median_outside(stream), *gaps)
+    return MigrationGapRow(context_len, _median_outside(stream), *gaps, received)
 
 
 def _migrate(

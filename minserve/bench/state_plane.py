@@ -15,6 +15,11 @@ under memory pressure.
                  on gaps) against each engine's own block sets, medium by medium
     spill        a pool too small for its batch, with prefix caching: output tokens/s
                  recomputing what was preempted vs reading it back from the disk tier
+    recovery     a replica killed mid-stream, its streams continued on another that shares
+                 its disk tier (`recovery.py`)
+    migration    live migration at each context length on a 1P2D cluster (`migration.py`):
+                 the longest gap the client sees, pre-copy vs stop-and-copy vs the median
+                 step; the text against the same request on one engine; the pools after
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import math
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from minserve.bench.migration import measure_migration_gaps, synthetic_prompt
+from minserve.disagg.proxy_engine import DisaggregatedEngine
 from minserve.kvcache.kv_event_socket import KVEventSubscriber
 from minserve.kvcache.load_plan import BandwidthCap, LoadPlan, plan_load
 from minserve.llm import LLM
@@ -37,11 +44,18 @@ from minserve.sampling_params import SamplingParams
 EVENTS = {"enable_kv_cache_events": True}
 FIRST = SamplingParams(temperature=0, max_tokens=1)
 CHECK = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+MIGRATION_TARGETS = {
+    "identical": "the migrated request's tokens are the uninterrupted request's",
+    "gap": "pre-copy's longest gap is at most 2x the median decode step, at every length",
+    "flat": "pre-copy's longest gaps are within 1.5x of each other across the lengths",
+    "pools_free": "every instance's pool is free afterwards",
+}
 
 
 @dataclass(frozen=True)
 class Settings:
     lengths: tuple[int, ...] = (512, 1024, 2048)
+    migration_lengths: tuple[int, ...] = (256, 1024, 2048)
     caps_mb_s: tuple[float, ...] = (math.inf, 200.0, 50.0, 20.0, 10.0, 5.0, 2.0)
     rule_lengths: tuple[int, ...] = (256, 1024, 2048)
     repeats: int = 3
@@ -234,3 +248,34 @@ def spill(base: LLM, settings: Settings, num_requests: int = 8) -> dict[str, Any
         "same_tokens": same,
         "disk_over_recompute": rows["disk"]["output_tok_s"] / rows["recompute"]["output_tok_s"],
     }
+
+
+def migration(base: LLM, settings: Settings) -> dict[str, Any]:
+    """Per context length, a request migrated twice on a 1P2D cluster (pre-copy, then
+    stop-and-copy back): the gaps its client saw, its tokens against the same request run
+    uninterrupted on one engine, and whether every instance's pool is free afterwards
+    (the instances' free block counts, reported each round)."""
+    oracle = LLM(base.loaded, num_blocks=max(settings.migration_lengths) // 16 + 32)
+    rows = []
+    with DisaggregatedEngine(None, "1P2D", "transfer") as cluster:
+        measure_migration_gaps(cluster, 64)  # untimed: the links' first transfers set up
+        for n in settings.migration_lengths:
+            row = measure_migration_gaps(cluster, n)
+            pools = {rank: (s["num_free_blocks"], s["num_blocks"])
+                     for rank, s in cluster.instance_stats.items()}  # fmt: skip
+            params = replace(CHECK, max_tokens=len(row.token_ids))
+            prompt = synthetic_prompt(n, cluster.vocab_size)
+            want = oracle.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+            same = list(row.token_ids) == want.token_ids  # the same ids: the same text
+            measured = {k: v for k, v in asdict(row).items() if k != "token_ids"}
+            free = all(f == total for f, total in pools.values())
+            rows.append({**measured, "tokens": len(row.token_ids), "identical": same,
+                         "pools": {str(rank): list(p) for rank, p in pools.items()},
+                         "pools_free": free})  # fmt: skip
+    oracle.engine.shutdown()
+    gaps = [r["pre_copy"]["max_gap_s"] for r in rows]
+    targets = {"identical": all(r["identical"] for r in rows),
+               "gap": all(r["pre_copy"]["max_gap_s"] <= 2 * r["median_step_s"] for r in rows),
+               "flat": max(gaps) <= 1.5 * min(gaps),
+               "pools_free": all(r["pools_free"] for r in rows)}  # fmt: skip
+    return {"rows": rows, "spread": max(gaps) / min(gaps), "targets": targets}

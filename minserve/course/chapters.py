@@ -494,6 +494,57 @@ CHAPTERS: tuple[Chapter, ...] = (
         checks="minserve.course.checks_ch10",
     ),
     Chapter(
+        number="11",
+        slug="the_state_plane",
+        title="The state plane",
+        module="ch11_state_plane",
+        sources=(
+            "kvcache/block_key.py",
+            "kvcache/load_plan.py",
+            "router/exact_index.py",
+            "router/journal.py",
+            "disagg/stage_planner.py",
+        ),  # fmt: skip
+        header=(
+            '"""Chapter 11, The state plane: KV blocks with an identity, tiers, and a router\n'
+            "that knows where they are.\n\n"
+            "11.1 names a block by its content: a chained BLAKE2b key over the previous\n"
+            "block's key and the block's tokens, the same in every process; plug it in with\n"
+            "`LLM(enable_prefix_caching=True, kv_disk_path=..., plugins=CoursePlugins(\n"
+            "block_keys=block_keys))`: the disk tier's files and the KV events then carry your\n"
+            "keys. 11.2 decides how many of a prompt's leading blocks to load from lower tiers\n"
+            "and how many to recompute, every cut point priced; plug it into the disk tier with\n"
+            "`CoursePlugins(load_plan=plan_load)`. 11.3 keeps the router's index of every\n"
+            "replica's blocks from numbered event batches that may arrive with gaps; plug it\n"
+            "into the router with `build_router(config, KVAware(KVBlocks(n,\n"
+            "index_cls=ExactIndex)))`. 11.4 keeps a stream's journal and rebuilds the request\n"
+            "from it when its replica dies, splicing the next replica's stream into the\n"
+            "client's; plug it in with `build_router(config, journal_cls=Journal)`. 11.5 plans\n"
+            "live migration's pre-copy stages; a disaggregated engine's decode instances use\n"
+            "yours with `cluster.migrate(request_id, rank,\n"
+            'StagePolicy(planner="exercises.ch11_state_plane:next_stage"))`.\n'
+            '"""\n\n'
+            "from __future__ import annotations  # Journal's methods name their class\n\n"
+            "import hashlib  # noqa: F401  (your code will want it)\n"
+            "import json  # noqa: F401\n"
+            "from collections.abc import Iterable, Sequence\n"
+            "from dataclasses import dataclass, field\n"
+            "from typing import Any\n\n"
+            "from minserve.kvcache.block_key import KEY_BYTES, BlockKey  # noqa: F401\n"
+            "from minserve.kvcache.kv_events import MEDIA, EventBatch, apply_event  # noqa: F401\n"
+            "from minserve.kvcache.load_plan import DEVICE, LoadPlan, TierSpeed, check_plan\n"
+            "from minserve.disagg.stage_planner import FINAL\n"
+            "from minserve.router.exact_index import ReplicaBlocks\n"
+            "from minserve.router.journal import (  # noqa: F401  (your code will want them)\n"
+            "    IDENTITY,\n"
+            "    Chunk,\n"
+            "    is_one_prompt,\n"
+            "    is_token_ids,\n"
+            ")\n"
+        ),
+        checks="minserve.course.checks_ch11",
+    ),
+    Chapter(
         number="12",
         slug="structured_output",
         title="Structured output",

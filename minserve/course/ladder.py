@@ -110,6 +110,12 @@ LADDER: dict[str, Rung] = {
     "10.3": Rung("warm-up", 20),
     "10.4": Rung("core", 40),
     "10.5": Rung("warm-up", 15),
+    # 11 The state plane
+    "11.1": Rung("warm-up", 15),
+    "11.2": Rung("core", 30),
+    "11.3": Rung("core", 45),
+    "11.4": Rung("stretch", 75),
+    "11.5": Rung("core", 30),
     # 12 Structured output
     "12.1": Rung("warm-up", 20),
     "12.2": Rung("core", 60),
@@ -131,6 +137,7 @@ WEEKS: dict[str, tuple[str, ...]] = {
     + ("9.1", "9.2", "9.3", "9.4", "9.5", "9.6"),
     "5 (optional)": ("10.1", "10.2", "10.3", "10.4", "10.5")
     + ("12.1", "12.2", "12.3", "12.4", "12.5"),
+    "6 (optional)": ("11.1", "11.2", "11.3", "11.4", "11.5"),
 }
 
 

@@ -22,9 +22,12 @@ proxy no longer lists (a peer died after its stage) is forgotten the same way.
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from typing import Any
 
 import torch
@@ -44,10 +47,13 @@ LINK_ERRORS = (RuntimeError, dist.DistError)  # a closed socket, or the step tim
 @dataclass(frozen=True)
 class StagePolicy:
     """How many pre-copy stages a migration takes: at least `min_stages`, then the planner's
-    choice, at most `max_stages` (0: stop-and-copy, one final stage)."""
+    choice, at most `max_stages` (0: stop-and-copy, one final stage). `planner`: which
+    planner decides, as "module:function" (a function shaped like `next_stage`, chapter 11's
+    say; the decode instances import it by that name); "" is minserve's."""
 
     min_stages: int = 0
-    max_stages: int = 4
+    max_stages: int = 32  # stages send what one decode step hides: long contexts take several
+    planner: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_stages <= self.max_stages:
@@ -58,6 +64,18 @@ class StagePolicy:
 
 PRE_COPY = StagePolicy()
 STOP_AND_COPY = StagePolicy(0, 0)
+
+
+@cache
+def planner(name: str) -> Callable[..., range | str]:
+    """The stage planner named "module:function" ("": minserve's `next_stage`)."""
+    if not name:
+        return next_stage
+    module, _, function = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"no stage planner {name!r}: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -177,14 +195,15 @@ class Migrations:
             out = self.outgoing.setdefault(request_id, _Outgoing())
             plan = self._plan(seqs[0], out, order)
             if plan == FINAL:
-                self._send_final(seqs[0], out, transfer)
+                self._send_final(seqs[0], out, transfer, order.target)
             else:
                 self._send_precopy(seqs[0], out, plan, transfer)
         except LINK_ERRORS as error:  # the destination died, or the link broke
             self._abort(request_id, f"the link to rank {order.target} failed: {error}")
 
     def _plan(self, seq: Sequence, out: _Outgoing, order: MigrationOrder) -> range | str:
-        """The stage planner's choice; pre-copy while `min_stages` are not done yet."""
+        """The stage planner's choice; before `min_stages` are done, a pre-copy of every
+        block not sent yet."""
         if seq.status is not SeqStatus.RUNNING:
             return FINAL  # preempted here: no KV to copy; the destination recomputes
         blocks, block_size = seq.block_table.blocks, self.engine.kv.block_size
@@ -195,7 +214,7 @@ class Migrations:
             return range(len(out.sent), filled)
         latency_s, bandwidth = self.links[order.target]
         step_s = self.step_s or 1e-3  # nothing measured yet: a millisecond
-        return next_stage(
+        return planner(order.policy.planner)(
             filled, len(out.sent), self.engine.worker.pool.block_nbytes, bandwidth, latency_s,
             step_s, block_size, out.stages, order.policy.max_stages,
         )  # fmt: skip
@@ -218,7 +237,9 @@ class Migrations:
         out.stages += 1
         self._outcome(request_id, "stage", len(blocks))
 
-    def _send_final(self, seq: Sequence, out: _Outgoing, transfer: TorchKVTransfer) -> None:
+    def _send_final(
+        self, seq: Sequence, out: _Outgoing, transfer: TorchKVTransfer, target: int
+    ) -> None:
         """Pause: the blocks not sent yet and the request's state; release it on commit."""
         start_s = time.perf_counter()
         running = seq.status is SeqStatus.RUNNING
@@ -244,7 +265,17 @@ class Migrations:
         release_migrated(self.engine, seq.request_id)
         del self.outgoing[seq.request_id]
         pause_s = time.perf_counter() - start_s
+        self._observe_link(target, stop - first, pause_s)
         self._outcome(seq.request_id, "committed", stop - first, pause_s=pause_s)
+
+    def _observe_link(self, peer: int, blocks: int, seconds: float) -> None:
+        """What a final stage really took, blocks read from the pool, sent, written and
+        acknowledged, becomes the link's bandwidth for the planner (the measure taken at
+        start times the socket alone, and promises more than a stage gets)."""
+        if blocks >= 2:
+            latency_s, _ = self.links[peer]
+            per_block_s = max(seconds - latency_s, 1e-9) / blocks
+            self.links[peer] = (latency_s, self.engine.worker.pool.block_nbytes / per_block_s)
 
     # --- the destination ---
 

@@ -74,20 +74,35 @@ def _digest(*parts: bytes) -> BlockKey:
 UNSHARED_ROOT: BlockKey = _digest(_VERSION, b"unshared")
 
 
+# >>> exercise 11.1: the chained block key
 def next_key(parent: BlockKey, tokens: Sequence[int]) -> BlockKey:
-    """The key of the block holding `tokens`, after the block (or root) keyed `parent`."""
+    """The key of the block holding `tokens`, after the block (or root) keyed `parent`:
+    BLAKE2b with a `KEY_BYTES`-byte digest over the parent's bytes, then each token id as
+    8 bytes, little-endian, signed. A parent that is not `KEY_BYTES` long is a ValueError
+    that says so."""
+    # >>> solution
     if len(parent) != KEY_BYTES:
         raise ValueError(f"a parent key has {KEY_BYTES} bytes, got {len(parent)}")
-    return _digest(parent, b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens))
+    h = hashlib.blake2b(parent, digest_size=KEY_BYTES)
+    h.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens))
+    return h.digest()
+    # <<< solution
 
 
 def block_keys(root: BlockKey, token_ids: Sequence[int], block_size: int) -> list[BlockKey]:
-    """The keys of the full blocks of `token_ids` (a partial last block has none)."""
+    """The keys of the full blocks of `token_ids`, in order: block i's key chains from
+    block i-1's (block 0's from `root`), so it names the whole prefix up to its end. A
+    partial last block has no key yet."""
+    # >>> solution
     keys, parent = [], root
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = next_key(parent, token_ids[start : start + block_size])
         keys.append(parent)
     return keys
+    # <<< solution
+
+
+# <<< exercise
 
 
 def weights_digest(path: Path) -> str:

@@ -89,6 +89,7 @@ class LoadPlan:
     seconds: float
 
 
+# >>> exercise 11.2: the k-tier load-or-recompute rule
 def plan_load(
     num_blocks: int,
     holders: Sequence[str],
@@ -112,7 +113,8 @@ def plan_load(
     share). Returns `LoadPlan(k, predicted seconds)`.
     """
     by_name = {speed.name: speed for speed in (DEVICE, *speeds)}
-    _check_plan(num_blocks, holders, block_nbytes, block_size, prefill_tokens_per_s, by_name)
+    check_plan(num_blocks, holders, block_nbytes, block_size, prefill_tokens_per_s, by_name)
+    # >>> solution
     recompute_block_s = block_size / prefill_tokens_per_s
     best = LoadPlan(0, num_blocks * recompute_block_s)  # k = 0: recompute everything
     load_s = 0.0  # loading holders[:k]
@@ -127,9 +129,13 @@ def plan_load(
         if seconds <= best.seconds:
             best = LoadPlan(k, seconds)
     return best
+    # <<< solution
 
 
-def _check_plan(
+# <<< exercise
+
+
+def check_plan(
     num_blocks: int,
     holders: Sequence[str],
     block_nbytes: int,

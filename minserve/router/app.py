@@ -108,10 +108,15 @@ class Router:
         pass
 
 
-def build_router(config: RouterConfig, policy: Policy | RequestPolicy | None = None) -> Router:
+def build_router(
+    config: RouterConfig,
+    policy: Policy | RequestPolicy | None = None,
+    journal_cls: type = Journal,
+) -> Router:
     """The router app over `config.replicas`; `policy` replaces the one `config` names
     (your own `CacheAware` from chapter 09, say). A request policy gets a prompt reader
-    (`config.tokenizer`); a `KVAware` also gets a feed that fills its `KVBlocks`."""
+    (`config.tokenizer`); a `KVAware` also gets a feed that fills its `KVBlocks`.
+    `journal_cls`: a class shaped like `Journal` (chapter 11's) keeps each stream's journal."""
     replicas = [Replica(parse_replica_url(url)) for url in config.replicas]
     if policy is None:
         policy = make_policy(config.policy, len(replicas), config.balance_threshold,
@@ -124,7 +129,7 @@ def build_router(config: RouterConfig, policy: Policy | RequestPolicy | None = N
     if isinstance(policy, RequestPolicy):
         reader = PromptReader(load_tokenizer(config.tokenizer))
     stalls = StallHistogram()
-    proxy = _Proxy(config, replicas, as_request_policy(policy), reader, feed, stalls)
+    proxy = _Proxy(config, replicas, as_request_policy(policy), reader, feed, stalls, journal_cls)
     return Router(_create_app(proxy), replicas, policy, feed, stalls)
 
 
@@ -134,9 +139,11 @@ class _Proxy:
     def __init__(
         self, config: RouterConfig, replicas: list[Replica], policy: RequestPolicy,
         reader: PromptReader | None, feed: KVFeed | None, stalls: StallHistogram,
+        journal_cls: type = Journal,
     ) -> None:  # fmt: skip
         self.config, self.replicas, self.policy = config, replicas, policy
         self.reader, self.feed, self.stalls = reader, feed, stalls
+        self.journal_cls = journal_cls
         self.client: httpx.AsyncClient | None = None  # opened by the app's lifespan
 
     def read(self, request: Request, path: str, body: bytes) -> RouteRequest:
@@ -154,7 +161,7 @@ class _Proxy:
         breaks mid-answer can be replaced)."""
         journal = None
         if body is not None and self.config.max_resumes:
-            journal = Journal.of(body, path == CHAT_PATH)
+            journal = self.journal_cls.of(body, path == CHAT_PATH)
         headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
         resends, failed = Resends(self.config.max_resumes), set[int]()
         reopen = partial(self._open, route, path, headers, resends)

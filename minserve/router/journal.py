@@ -26,9 +26,16 @@ Chunk = dict[str, Any]  # one streamed chunk's JSON
 IDENTITY = ("id", "object", "created", "model")  # a stream's, as its first chunk says
 
 
+# >>> exercise 11.4: rebuilding a request from its journal
 @dataclass
 class Journal:
-    """One streaming request's record (one prompt, one choice: `n` 1)."""
+    """One streaming request's record (one prompt, one choice: `n` 1).
+
+    You write `resume_body` (the request to send the next replica) and `take` with
+    `_take_choice` (each chunk of a stream written down, then rewritten for the client, so
+    that a continued stream reads as the same one). Plug yours into the router with
+    `build_router(config, journal_cls=Journal)`.
+    """
 
     body: dict[str, Any]
     wants_token_ids: bool  # the client asked for `return_token_ids` itself
@@ -52,10 +59,10 @@ class Journal:
             return None
         if not isinstance(body, dict) or body.get("stream") is not True or body.get("n", 1) != 1:
             return None
-        if not chat and not _one_prompt(body.get("prompt")):
+        if not chat and not is_one_prompt(body.get("prompt")):
             return None
         resumed = body.get("resume_token_ids", [])
-        if not _token_ids(resumed):
+        if not is_token_ids(resumed):
             return None
         return cls(body, body.get("return_token_ids") is True, list(resumed))
 
@@ -74,7 +81,11 @@ class Journal:
         return json.dumps({**self.body, "return_token_ids": True}).encode()
 
     def resume_body(self) -> bytes:
-        """The request as sent to the next replica: the same, after the tokens relayed."""
+        """The request as sent to the next replica: the same body with `return_token_ids`,
+        without `echo` once the stream has started (the prompt went out with the first
+        chunk), and with `resume_token_ids`: the client's own resume ids, then every token
+        relayed (none: no such field)."""
+        # >>> solution
         body = {**self.body, "return_token_ids": True}
         if self.started:
             body.pop("echo", None)  # the prompt went out with the first chunk
@@ -82,6 +93,7 @@ class Journal:
         if resume:
             body["resume_token_ids"] = resume
         return json.dumps(body).encode()
+        # <<< solution
 
     def resumed(self) -> None:
         """A new stream takes over from here: its chunks continue this one's."""
@@ -89,7 +101,14 @@ class Journal:
 
     def take(self, chunk: Chunk) -> Chunk | None:
         """Write down one chunk of the current stream; return it as the client sees it
-        (None: nothing left to send, a repeated role chunk)."""
+        (None: nothing left to send, a repeated role chunk).
+
+        The first chunk ever fixes the stream's identity (`IDENTITY` keys it has); every
+        chunk then carries that identity. `_take_prompt_ids` handles the prompt's ids; each
+        choice goes through `_take_choice` (a chunk whose choices all vanish is None).
+        Usage: note that it was sent, and once the stream has been resumed replace it with
+        `_combined(usage)` (the prompt once, every generated token once)."""
+        # >>> solution
         out = dict(chunk)
         if self.identity is None:
             self.identity = {k: chunk[k] for k in IDENTITY if k in chunk}
@@ -107,6 +126,7 @@ class Journal:
             if self.resumes:
                 out["usage"] = self._combined(out["usage"])
         return out
+        # <<< solution
 
     def ending(self) -> Chunk | None:
         """The usage chunk a finished stream still owes the client (None: it owes none):
@@ -127,6 +147,13 @@ class Journal:
             del out["prompt_token_ids"]
 
     def _take_choice(self, choice: Chunk) -> Chunk | None:
+        """One choice of a chunk: its prompt ids (`_take_prompt_ids`), its `token_ids` added
+        to `self.token_ids` (and dropped unless the client asked for them), its finish
+        reason kept, its text added to `self.text` (a completion's `text`, a chat delta's
+        `content`). A chat delta's `role` goes out once: on a continued stream drop it, and
+        drop the whole choice (None) when nothing else is left in it (no content, no ids,
+        no logprobs, no finish reason)."""
+        # >>> solution
         out = dict(choice)
         self._take_prompt_ids(out)
         ids = out.get("token_ids") or []
@@ -148,6 +175,7 @@ class Journal:
         del delta["role"]  # a continued chat stream's opening: the client has its role
         empty = not (delta.get("content") or ids or out.get("logprobs"))
         return None if empty and out.get("finish_reason") is None else out
+        # <<< solution
 
     def _combined(self, usage: dict[str, Any]) -> dict[str, Any]:
         """Usage over every stream: the prompt once, each generated token once."""
@@ -160,12 +188,15 @@ class Journal:
                 "total_tokens": prompt + completion}  # fmt: skip
 
 
-def _one_prompt(prompt: object) -> bool:
+# <<< exercise
+
+
+def is_one_prompt(prompt: object) -> bool:
     """A text or one list of token ids (a batch numbers several choices)."""
-    return isinstance(prompt, str) or (bool(prompt) and _token_ids(prompt))
+    return isinstance(prompt, str) or (bool(prompt) and is_token_ids(prompt))
 
 
-def _token_ids(value: object) -> bool:
+def is_token_ids(value: object) -> bool:
     return isinstance(value, list) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value
     )

@@ -34,9 +34,10 @@ class HeldPrefix:
 class KVBlocks:
     """Thread-safe: each replica's event source, its blocks by medium, its catch-up counts."""
 
-    def __init__(self, num_replicas: int) -> None:
+    def __init__(self, num_replicas: int, index_cls: type = ExactIndex) -> None:
+        """`index_cls`: a class shaped like `ExactIndex` (chapter 11's, say)."""
         self._lock = threading.Lock()
-        self._index = ExactIndex([])
+        self._index = index_cls([])
         self._sources: list[KVEventSource | None] = [None] * num_replicas
         self._first_ts: list[float | None] = [None] * num_replicas  # batch 0's: to spot a restart
         self._catchups = [Counter[str]() for _ in range(num_replicas)]
