@@ -478,6 +478,9 @@ class LLMEngine:
         clock.lap("update")
         if run_out.timings is not None:
             clock.timings.add(run_out.timings)
+            disk = self.kv.prefix.disk if self.kv.prefix is not None else None
+            if disk is not None:  # its rule prices recomputing at the speed measured here
+                disk.observe_step(sched_out.num_batched_tokens, run_out.timings.forward)
         self._observe(StepRecord(sched_out, run_out, processed.outputs, clock.timings))
         return processed.outputs, failed
 

@@ -63,7 +63,7 @@ class RecoverySpec:
     """The streams, when the kill comes, and the replicas' flags."""
 
     num_streams: int = 8  # the first half greedy, the rest seeded (distinct seeds)
-    prompt_len: int = 600  # token ids, distinct per stream from the first block on
+    prompt_len: int = 600  # tokens of English text, distinct per stream from the first block on
     output_len: int = 200  # ignore_eos: every stream runs to its length
     kill_at: int = 50  # tokens every stream has when the busiest replica is killed
     temperature: float = 0.8  # the seeded streams'
@@ -80,17 +80,30 @@ class RecoverySpec:
             raise ValueError(f"policy must be kv_aware or cache_aware, got {self.policy!r}")
 
 
-def stream_prompt(stream: int, length: int) -> list[int]:
-    """`length` token ids (1000-40999, no special tokens), another sequence per stream."""
-    return [1000 + (7919 * i + 104729 * (stream + 1)) % 40000 for i in range(length)]
+TOPICS = ("a lighthouse keeper", "a river barge", "an old library", "a mountain village",
+          "a night train", "a bakery at dawn", "a chess club", "a small observatory")  # fmt: skip
 
 
-def request_body(spec: RecoverySpec, stream: int) -> dict[str, Any]:
+def stream_prompt(stream: int, length: int, tokenizer: Any) -> list[int]:
+    """`length` tokens of ordinary English about another topic per stream (what users send:
+    a model's next-token distribution over random ids is nearly flat, and a sampled draw
+    there turns on the last bits of the logits)."""
+    topic = TOPICS[stream % len(TOPICS)]
+    sentence = (f"This is a story about {topic}. Every day brought small changes, and the "
+                f"people who lived there wrote them down in a notebook. ")  # fmt: skip
+    ids: list[int] = []
+    while len(ids) < length:
+        ids += tokenizer.encode(sentence)
+    return ids[:length]
+
+
+def request_body(spec: RecoverySpec, stream: int, tokenizer: Any) -> dict[str, Any]:
     """Stream `stream`'s request: greedy for the first half, seeded for the rest."""
     sampling: dict[str, Any] = {"temperature": 0}
     if stream >= spec.num_streams // 2:
         sampling = {"temperature": spec.temperature, "seed": 1000 + stream}
-    return {"prompt": stream_prompt(stream, spec.prompt_len), "max_tokens": spec.output_len,
+    return {"prompt": stream_prompt(stream, spec.prompt_len, tokenizer),
+            "max_tokens": spec.output_len,
             "ignore_eos": True, "stream": True, "return_token_ids": True, **sampling}  # fmt: skip
 
 
@@ -192,7 +205,10 @@ def run_pass(spec: RecoverySpec, bodies: list[dict[str, Any]], killing: bool) ->
 def recovery(spec: RecoverySpec) -> dict[str, Any]:
     """The oracle pass, then the pass with the kill; per stream and in sum, and each of
     `TARGETS` met or not."""
-    bodies = [request_body(spec, i) for i in range(spec.num_streams)]
+    from minserve.router.prompt_reader import load_tokenizer
+
+    tokenizer = load_tokenizer(None)  # the bundled model's
+    bodies = [request_body(spec, i, tokenizer) for i in range(spec.num_streams)]
     oracle = run_pass(spec, bodies, killing=False)
     killed = run_pass(spec, bodies, killing=True)
     assert killed.kill is not None

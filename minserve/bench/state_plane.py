@@ -141,7 +141,8 @@ def rule(base: LLM, settings: Settings) -> list[dict[str, Any]]:
                 tier.plan = _all_or_nothing(way == "load")
                 _drop_pages(llm, directory)
                 measured[way] = _elapsed(llm, prompt)[0]
-                if way == "load":  # what the rule would have chosen, at the cap's speed
+                if way == "recompute":  # what the rule chooses at the cap's speed, pricing
+                    # recompute at the prefill speed this engine just measured
                     tier.speed, tier.plan = tier.speed.throttled(cap_mb * 1e6), plan_load
                     keys = _keys(llm, prompt)
                     chose = tier.num_to_load(keys, len(keys)) > 0
@@ -231,7 +232,7 @@ def spill(base: LLM, settings: Settings, num_requests: int = 8) -> dict[str, Any
     rows = {}
     for label, directory in (("recompute", None), ("disk", Path(tempfile.mkdtemp(
             prefix="minserve-spill-", dir=settings.directory)))):  # fmt: skip
-        llm = LLM(base.loaded, num_blocks=64, max_num_seqs=num_requests, enable_prefix_caching=True,
+        llm = LLM(base.loaded, num_blocks=48, max_num_seqs=num_requests, enable_prefix_caching=True,
                   **({"kv_disk_path": directory} if directory else {}))  # fmt: skip
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)

@@ -27,6 +27,7 @@ from minserve.kvcache.load_plan import LoadPlan, TierSpeed, plan_load
 from minserve.messages import DiskWrite
 
 READERS = 4  # reads in flight at once
+MIN_PREFILL_TOKENS = 128  # a step with fewer tokens says little about the prefill speed
 
 
 @dataclass
@@ -55,7 +56,8 @@ class DiskTier:
         self.plan = plan
         self.block_size, self.block_nbytes = block_size, block_nbytes
         self.speed = speed  # measured at start: latency per request, bandwidth
-        self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.prefill_tokens_per_s = prefill_tokens_per_s  # a roofline guess, until measured
+        self._prefill_seen = False
         self.stats = DiskTierStats()
         self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="kv-disk-read")
 
@@ -64,6 +66,17 @@ class DiskTier:
         writes = [DiskWrite(block, key) for block, key in keyed if key not in self.store]
         self.stats.blocks_written += len(writes)
         return writes
+
+    def observe_step(self, num_tokens: int, forward_s: float) -> None:
+        """A step that ran `num_tokens` tokens (mostly a prompt's) in `forward_s` seconds: the
+        prefill speed the rule prices recomputing with, as this engine really computes (a
+        moving average; the first one replaces the roofline guess)."""
+        if num_tokens < MIN_PREFILL_TOKENS or forward_s <= 0:
+            return
+        speed = num_tokens / forward_s
+        old = self.prefill_tokens_per_s if self._prefill_seen else speed
+        self.prefill_tokens_per_s = 0.8 * old + 0.2 * speed
+        self._prefill_seen = True
 
     def num_to_load(self, keys: list[BlockKey], num_blocks: int) -> int:
         """How many of `keys` (the blocks after a prompt's cached prefix, in order) to load

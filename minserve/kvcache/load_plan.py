@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -240,22 +241,28 @@ def _fit(name: str, nbytes: tuple[int, int], seconds: Sequence[float]) -> TierSp
 
 
 class BandwidthCap:
-    """A `DiskBlockStore` whose reads deliver at most `bytes_per_s`: a slower disk, or a
-    remote tier, on any machine. Each `get` sleeps for whatever its block's bytes at the cap
-    take beyond the real read; everything else is the wrapped store's."""
+    """A `DiskBlockStore` whose reads deliver at most `bytes_per_s` in all: a slower disk, or
+    a remote tier, on any machine. The reads share the cap, however many threads make them
+    (one link): each reserves its bytes' time after the reads before it and sleeps until
+    then; everything else is the wrapped store's."""
 
     def __init__(self, store: DiskBlockStore, bytes_per_s: float) -> None:
         if not 0 < bytes_per_s < math.inf:
             raise ValueError(f"a bandwidth cap must be finite and > 0 B/s, got {bytes_per_s}")
         self.store = store
         self.bytes_per_s = bytes_per_s
+        self._lock = threading.Lock()
+        self._free_at = 0.0  # when the link has delivered every read reserved so far
 
     def get(self, key: BlockKey) -> torch.Tensor | None:
-        """The store's `get`, taking at least `block.nbytes / bytes_per_s` seconds."""
-        start = time.perf_counter()
+        """The store's `get`, delivered no sooner than the cap allows after earlier reads."""
         block = self.store.get(key)
         if block is not None:
-            time.sleep(max(0.0, block.nbytes / self.bytes_per_s - (time.perf_counter() - start)))
+            with self._lock:
+                self._free_at = max(self._free_at, time.perf_counter())
+                self._free_at += block.nbytes / self.bytes_per_s
+                done = self._free_at
+            time.sleep(max(0.0, done - time.perf_counter()))
         return block
 
     def __contains__(self, key: BlockKey) -> bool:
