@@ -19,7 +19,7 @@ from test_engine import token_ids
 from test_engine_kv_events import EVENTS, receive_all
 from test_prefix_policy import round_robin_workload
 
-from minserve import LLM
+from minserve import LLM, SamplingParams
 from minserve.kvcache.kv_event_socket import KVEventSubscriber
 from minserve.kvcache.load_plan import TierSpeed
 from minserve.messages import DiskWrite
@@ -167,3 +167,22 @@ def test_a_restarted_engine_announces_what_its_disk_holds(tiny_model, tmp_path) 
     finally:
         subscriber.close()
         second.engine.shutdown()
+
+
+def test_preempted_requests_read_back_their_own_blocks_once(tiny_model, tmp_path) -> None:
+    """Requests outgrowing the pool while they decode are preempted and come back through
+    the disk; a request is loaded for only when the pool has room for all of it, so the
+    blocks read back stay within what the preempted requests held (a waiting request that
+    was loaded for and then not admitted lost its blocks to eviction and read them again)."""
+    prompts = [[3 + i, 40 + i, 7, 9 + i, 11, 60 + i, 13, 17 + i] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    reference = LLM(tiny_model("llama"), engine="reference").generate(prompts, params)
+    llm = LLM(tiny_model("llama"), enable_prefix_caching=True, block_size=4, num_blocks=24,
+              max_num_seqs=4, kv_disk_path=tmp_path)  # fmt: skip
+    llm.engine.kv.prefix.disk.speed = FAST
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == token_ids(reference)
+    metrics = llm.get_metrics()
+    per_request = math.ceil((8 + 40) / 4)
+    assert metrics["num_preemptions"] >= 2  # the pool holds half of the batch at full length
+    assert 0 < metrics["disk_tier_blocks_loaded"] <= metrics["num_preemptions"] * per_request
+    llm.engine.shutdown()

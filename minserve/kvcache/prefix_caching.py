@@ -101,7 +101,7 @@ class PrefixCaching:
         if self.host is not None:
             match = self._promote(token_ids[:usable], match)
         if self.disk is not None:
-            match = self._timed(self._load_from_disk, token_ids[:usable], match)
+            match = self._timed(self._load_from_disk, token_ids[:usable], match, len(token_ids))
         if not match.blocks:
             return 0
         self._timed(self.cache.lock, match.node)
@@ -214,18 +214,29 @@ class PrefixCaching:
         self.ops += writes
         self.events.disk_changed([w.key for w in writes], self.disk.store.take_evicted())
 
-    def _load_from_disk(self, token_ids: list[int], match: PrefixMatch) -> PrefixMatch:
+    def _load_from_disk(
+        self, token_ids: list[int], match: PrefixMatch, num_tokens: int
+    ) -> PrefixMatch:
         """Extend a match with the blocks that follow it on disk, read back into fresh
-        device blocks and cached again, as many as the load-or-recompute rule says."""
+        device blocks and cached again, as many as the load-or-recompute rule says.
+
+        Only when the pool has room for the whole sequence (`num_tokens`, past the match):
+        a sequence that is then not admitted would leave its loaded blocks unheld, to be
+        evicted again before its next try (under preemption, every step read the same
+        blocks back)."""
         assert self.disk is not None and self.events is not None
         size = self.block_size
         parent = self.events.key_of(match.blocks[-1]) if match.blocks else self.events.root
         if parent is None:  # a matched block the tracker has not keyed: cannot name the rest
             return match
+        self.cache.lock(match.node)  # held while room is made: the match stays cached
+        needed = -(-num_tokens // size) - match.num_blocks
+        if needed > self.allocator.num_free + self.cache.num_evictable_blocks:
+            self.cache.unlock(match.node)
+            return match
         keys = self.events.chain(parent, token_ids[match.num_blocks * size :])
         count = self.disk.num_to_load(keys, len(token_ids) // size - match.num_blocks)
         loaded: list[int] = []
-        self.cache.lock(match.node)  # held while room is made: the match stays cached
         for data in self.disk.read(keys[:count]) if count else []:
             self.make_room(1)
             if not self.allocator.can_allocate(1):
