@@ -18,17 +18,25 @@ from dataclasses import replace
 
 import httpx
 import pytest
+import torch
 
 from minserve import LLM, SamplingParams
 from minserve.bench.migration import measure_migration_gaps
 from minserve.disagg.engine_hooks import adopt_migrated, release_migrated
-from minserve.disagg.migration import STOP_AND_COPY, StagePolicy
+from minserve.disagg.migration import (
+    STOP_AND_COPY,
+    MigrationOrder,
+    Migrations,
+    StagePolicy,
+    _Outgoing,
+)
 from minserve.disagg.migration_control import (
     MigrationConflictError,
     UnknownInstanceError,
     UnknownRequestError,
 )
 from minserve.disagg.proxy_engine import DisaggregatedEngine
+from minserve.disagg.stage_planner import next_stage
 from minserve.outputs import OutputAccumulator, RequestOutput
 from minserve.server.app import build_server
 from minserve.server.background import BackgroundServer
@@ -286,3 +294,22 @@ def test_the_benchmark_measures_both_kinds_of_migration(cluster):
     assert row.pre_copy.max_gap_s > 0 and row.stop_and_copy.max_gap_s > 0
     assert row.stop_and_copy.pause_s > 0
     assert_every_pool_free(cluster)
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_stages_are_planned_within_the_share_of_a_step(model_dir, share):
+    """Where copies share the cores with decoding, a stage adds its time to the step: the
+    planner is given `step_share` of the measured step to fill."""
+    llm = LLM(model_dir, **OPTIONS)
+    llm.engine.add_request("r", None, prompt_of(200), GREEDY)
+    llm.engine.step()  # prefilled: 50 full blocks of 4 tokens
+    seq = llm.engine.scheduler.sequences_of("r")[0]
+    nbytes = llm.engine.worker.pool.block_nbytes
+    migrations = Migrations(llm.engine, 0, {1: (5e-4, nbytes / 1e-3)}, {}, torch.device("cpu"))
+    migrations.step_s = 0.02  # 20 ms a step, 1 ms a block
+    order = MigrationOrder("r", 0, 1, StagePolicy(step_share=share))
+    filled = seq.num_computed_tokens // 4
+    expected = next_stage(filled, 0, nbytes, nbytes / 1e-3, 5e-4, 0.02 * share, 4, 0, 32)
+    assert migrations._plan(seq, _Outgoing(), order) == expected == range(0, int(19.5 * share))
+    with pytest.raises(ValueError, match="step_share"):
+        StagePolicy(step_share=0)

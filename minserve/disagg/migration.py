@@ -49,17 +49,25 @@ class StagePolicy:
     """How many pre-copy stages a migration takes: at least `min_stages`, then the planner's
     choice, at most `max_stages` (0: stop-and-copy, one final stage). `planner`: which
     planner decides, as "module:function" (a function shaped like `next_stage`, chapter 11's
-    say; the decode instances import it by that name); "" is minserve's."""
+    say; the decode instances import it by that name); "" is minserve's.
+
+    `step_share`: the share of a decode step a stage may take. The planner sizes stages to
+    what one step hides, which holds where the copy runs beside the step (a GPU's copy
+    engine). Where the copy shares the cores that decode (a CPU), a stage adds its time to
+    the step the client waits on: given half a step, every gap stays near 1.5 steps."""
 
     min_stages: int = 0
     max_stages: int = 32  # stages send what one decode step hides: long contexts take several
     planner: str = ""
+    step_share: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_stages <= self.max_stages:
             raise ValueError(
                 f"need 0 <= min_stages <= max_stages, got {self.min_stages}, {self.max_stages}"
             )
+        if not 0 < self.step_share <= 1:
+            raise ValueError(f"step_share must be in (0, 1], got {self.step_share}")
 
 
 PRE_COPY = StagePolicy()
@@ -213,7 +221,7 @@ class Migrations:
         if out.stages < order.policy.min_stages:
             return range(len(out.sent), filled)
         latency_s, bandwidth = self.links[order.target]
-        step_s = self.step_s or 1e-3  # nothing measured yet: a millisecond
+        step_s = (self.step_s or 1e-3) * order.policy.step_share  # unmeasured: a millisecond
         return planner(order.policy.planner)(
             filled, len(out.sent), self.engine.worker.pool.block_nbytes, bandwidth, latency_s,
             step_s, block_size, out.stages, order.policy.max_stages,
