@@ -35,6 +35,14 @@ def markdown(report: dict) -> str:
     s = report["settings"]
     record = RunRecord(report["command"], report["date"], report["machine"])
     slos = ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in s["goodput_slos_s"].items())
+    ran = {run["workload"] for run in report["runs"]}
+    shapes = {
+        "multi-turn": f"multi-turn: {s['num_turns']} turns of {s['input_len']} words",
+        "shared-prefix": f"shared-prefix: {s['num_prefixes']} prefixes of {s['prefix_len']} "
+        f"tokens, each shared by 1/{s['num_prefixes']} of the sessions, + {s['input_len']} "
+        "own tokens",
+    }
+    workloads = "; ".join(text for name, text in shapes.items() if name in ran)
     rows = [
         "# Routing policies: round robin, cache-aware, KV-aware",
         "",
@@ -44,10 +52,8 @@ def markdown(report: dict) -> str:
         f"- {s['replicas']} replicas (prefix caching on; for kv_aware publishing their KV "
         "events, which the router follows) and the router in one process; "
         f"{s['num_sessions']} sessions per workload at {s['request_rate']} sessions/s "
-        f"(Poisson, seed {s['seed']}); multi-turn: {s['num_turns']} turns of {s['input_len']} "
-        f"words; shared-prefix: {s['num_prefixes']} prefixes of {s['prefix_len']} tokens, "
-        f"each shared by 1/{s['num_prefixes']} of the sessions, + {s['input_len']} own tokens; "
-        f"{s['output_len']} output tokens; goodput at {slos or 'no SLO'}",
+        f"(Poisson, seed {s['seed']}); {workloads}; {s['output_len']} output tokens; "
+        f"goodput at {slos or 'no SLO'}",
         "- hit rate = prompt tokens served from the replicas' prefix caches / prompt tokens",
         "",
         table(report["runs"]),
