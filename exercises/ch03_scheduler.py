@@ -2,7 +2,7 @@
 # to edit. Replace each `raise NotImplementedError(...)` with your code, then run
 # `minserve check 03` from the repository root.
 # Generated from minserve/scheduler/scheduler.py, minserve/model/runner.py by `python -m minserve.course.generate`.
-# stub fingerprint: dfa3874cd350 (lets the generator tell your edits from a stale stub)
+# stub fingerprint: 306ca0561519 (lets the generator tell your edits from a stale stub)
 """Chapter 03, Continuous batching: the scheduler that builds every step's batch.
 
 3.1 appends a sequence's sampled tokens through the stop rules. 3.2: each step,
@@ -192,6 +192,7 @@ class Scheduler:
             return
         self.kv.free(seq.block_table)
         seq.num_computed_tokens = 0  # recompute: prompt and outputs so far, as one prefill
+        seq.recomputing = True
         self.add(seq)
 
     def _swap_in(self) -> None:
@@ -311,12 +312,17 @@ class Scheduler:
 
     def _record_cache_hit(self, seq: Sequence, start: int) -> None:
         """A request's first chunk starts after its cached prefix: that many tokens were hits
-        (of its prompt, and of a resumed request's resume tokens: its sample's first)."""
+        (of its prompt, and of a resumed request's resume tokens: its sample's first). So
+        does the first chunk of a request back from a preemption to recompute."""
         request = seq.request
         if request.num_cached_tokens is None:
             request.num_cached_tokens = start
             self.stats.num_prefix_cache_queries += seq.num_tokens  # nothing sampled here yet
             self.stats.num_prefix_cache_hits += start
+        elif seq.recomputing:  # back after a preemption: counted apart, as vLLM does
+            seq.recomputing = False
+            self.stats.num_preempted_cache_queries += seq.num_tokens
+            self.stats.num_preempted_cache_hits += start
 
     def _accept_drafts(
         self, seq: Sequence, num_drafts: int, tokens: SampledTokens, num_draft_slots: int

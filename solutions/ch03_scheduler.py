@@ -225,6 +225,7 @@ class Scheduler:
             return
         self.kv.free(seq.block_table)
         seq.num_computed_tokens = 0  # recompute: prompt and outputs so far, as one prefill
+        seq.recomputing = True
         self.add(seq)
 
     def _swap_in(self) -> None:
@@ -344,12 +345,17 @@ class Scheduler:
 
     def _record_cache_hit(self, seq: Sequence, start: int) -> None:
         """A request's first chunk starts after its cached prefix: that many tokens were hits
-        (of its prompt, and of a resumed request's resume tokens: its sample's first)."""
+        (of its prompt, and of a resumed request's resume tokens: its sample's first). So
+        does the first chunk of a request back from a preemption to recompute."""
         request = seq.request
         if request.num_cached_tokens is None:
             request.num_cached_tokens = start
             self.stats.num_prefix_cache_queries += seq.num_tokens  # nothing sampled here yet
             self.stats.num_prefix_cache_hits += start
+        elif seq.recomputing:  # back after a preemption: counted apart, as vLLM does
+            seq.recomputing = False
+            self.stats.num_preempted_cache_queries += seq.num_tokens
+            self.stats.num_preempted_cache_hits += start
 
     def _accept_drafts(
         self, seq: Sequence, num_drafts: int, tokens: SampledTokens, num_draft_slots: int

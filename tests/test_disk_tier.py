@@ -185,4 +185,12 @@ def test_preempted_requests_read_back_their_own_blocks_once(tiny_model, tmp_path
     per_request = math.ceil((8 + 40) / 4)
     assert metrics["num_preemptions"] >= 2  # the pool holds half of the batch at full length
     assert 0 < metrics["disk_tier_blocks_loaded"] <= metrics["num_preemptions"] * per_request
+    # the preempted requests' returns are counted apart (vLLM's preempted_*): the requests'
+    # first admissions are all the ordinary counters see, and what the disk gave back is hits
+    assert metrics["prefix_cache_queries"] == 4 * 8
+    hits, queries = (
+        metrics["prefix_cache_preempted_hits"],
+        metrics["prefix_cache_preempted_queries"],
+    )
+    assert 4 * metrics["disk_tier_blocks_loaded"] <= hits < queries
     llm.engine.shutdown()

@@ -88,6 +88,10 @@ class SchedulerStats:
     num_generation_tokens: int = 0
     num_prefix_cache_queries: int = 0  # prompt tokens of requests that started
     num_prefix_cache_hits: int = 0  # ... of which came from the prefix cache
+    # the same for requests coming back after a preemption (vLLM's preempted_*): what the
+    # cache and its tiers gave back of what they had computed
+    num_preempted_cache_queries: int = 0
+    num_preempted_cache_hits: int = 0
 
 
 # >>> exercise 3.1: append a step's sampled tokens, with the stop rules
@@ -284,6 +288,7 @@ class Scheduler:
             return
         self.kv.free(seq.block_table)
         seq.num_computed_tokens = 0  # recompute: prompt and outputs so far, as one prefill
+        seq.recomputing = True
         self.add(seq)
 
     def _swap_in(self) -> None:
@@ -403,12 +408,17 @@ class Scheduler:
 
     def _record_cache_hit(self, seq: Sequence, start: int) -> None:
         """A request's first chunk starts after its cached prefix: that many tokens were hits
-        (of its prompt, and of a resumed request's resume tokens: its sample's first)."""
+        (of its prompt, and of a resumed request's resume tokens: its sample's first). So
+        does the first chunk of a request back from a preemption to recompute."""
         request = seq.request
         if request.num_cached_tokens is None:
             request.num_cached_tokens = start
             self.stats.num_prefix_cache_queries += seq.num_tokens  # nothing sampled here yet
             self.stats.num_prefix_cache_hits += start
+        elif seq.recomputing:  # back after a preemption: counted apart, as vLLM does
+            seq.recomputing = False
+            self.stats.num_preempted_cache_queries += seq.num_tokens
+            self.stats.num_preempted_cache_hits += start
 
     def _accept_drafts(
         self, seq: Sequence, num_drafts: int, tokens: SampledTokens, num_draft_slots: int

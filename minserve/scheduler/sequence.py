@@ -35,6 +35,7 @@ class Sequence:
     order: int = 0  # admission order, breaks ties between equal arrival times
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool
+    recomputing: bool = False  # preempted to recompute, not yet back in a step
     unforked: list[Sample] = field(default_factory=list)  # siblings that fork after prefill
     seq_id: int = field(default_factory=lambda: next(_SEQ_IDS))
 

@@ -51,6 +51,10 @@ COUNTERS = {
     "num_steps": ("engine_steps", "Engine steps run"),
     "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+    "prefix_cache_preempted_queries": ("prefix_cache_preempted_queries", "Tokens looked up in "
+                                       "the prefix cache by requests back from a preemption"),
+    "prefix_cache_preempted_hits": ("prefix_cache_preempted_hits", "Tokens found in the prefix "
+                                    "cache by requests back from a preemption"),
     "num_steps_capped": ("engine_steps_capped", "Steps that ran fewer prompt tokens than were "
                          "waiting, to keep the step-time target"),
     # the KV tiers beneath the device: hits (blocks brought back), bytes, time
