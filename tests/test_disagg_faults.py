@@ -18,10 +18,10 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
+from disagg_cluster import cluster_fixtures
 from test_server import wait_until_idle
 
 from minserve import LLM, SamplingParams
@@ -39,20 +39,7 @@ BODY = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "ignore_eos": T
 SLOW_PRE_COPY = StagePolicy(min_stages=50, max_stages=50)  # a migration that takes 50 rounds
 
 
-@pytest.fixture(scope="module")
-def model_dir(tiny_model):
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def oracle(model_dir) -> LLM:
-    return LLM(model_dir, **OPTIONS)
-
-
-@pytest.fixture(scope="module")
-def cluster(model_dir) -> Iterator[DisaggregatedEngine]:
-    with DisaggregatedEngine(model_dir, "2P2D", "recompute", step_timeout_s=20, **OPTIONS) as c:
-        yield c
+model_dir, oracle, cluster = cluster_fixtures("2P2D", "recompute", step_timeout_s=20, **OPTIONS)
 
 
 def expected_text(oracle: LLM, prompt: str, sampling: dict, max_tokens: int = MAX_TOKENS) -> str:

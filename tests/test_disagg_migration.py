@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 
 import httpx
 import pytest
 import torch
+from disagg_cluster import cluster_fixtures
 
 from minserve import LLM, SamplingParams
 from minserve.bench.migration import measure_migration_gaps
@@ -48,20 +48,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, seed=11, max_tokens=24, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tiny_model):
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def oracle(model_dir) -> LLM:
-    return LLM(model_dir, **OPTIONS)
-
-
-@pytest.fixture(scope="module")
-def cluster(model_dir) -> Iterator[DisaggregatedEngine]:
-    with DisaggregatedEngine(model_dir, "1P2D", "transfer", step_timeout_s=30, **OPTIONS) as c:
-        yield c
+model_dir, oracle, cluster = cluster_fixtures("1P2D", "transfer", step_timeout_s=30, **OPTIONS)
 
 
 def prompt_of(length: int, salt: int = 0) -> list[int]:

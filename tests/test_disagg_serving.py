@@ -9,14 +9,13 @@ is free again, aborted requests included.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
+from disagg_cluster import cluster_fixtures
 from openai import OpenAI
 from test_server import wait_until_idle
 
-from minserve import LLM, SamplingParams
+from minserve import SamplingParams
 from minserve.cli import main
 from minserve.disagg.proxy_engine import DisaggregatedEngine
 from minserve.disagg.topology import PDTopology
@@ -31,20 +30,7 @@ OPTIONS = dict(block_size=4, num_blocks=64)
 API = dict(temperature=0, max_tokens=8, extra_body={"ignore_eos": True})
 
 
-@pytest.fixture(scope="module")
-def model_dir(tiny_model):
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def oracle(model_dir) -> LLM:
-    return LLM(model_dir, **OPTIONS)
-
-
-@pytest.fixture(scope="module")
-def cluster(model_dir) -> Iterator[DisaggregatedEngine]:
-    with DisaggregatedEngine(model_dir, "1P2D", "transfer", step_timeout_s=30, **OPTIONS) as engine:
-        yield engine
+model_dir, oracle, cluster = cluster_fixtures("1P2D", "transfer", step_timeout_s=30, **OPTIONS)
 
 
 def run_to_end(engine: DisaggregatedEngine) -> dict[str, list[int]]:
