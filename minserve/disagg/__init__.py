@@ -7,9 +7,9 @@
 - `kv_transfer.py`, `transfer_rule.py`, `pd_pair.py`: one prefill process hands finished
   prefills' KV blocks to one decode process over torch.distributed send/recv.
 - `proxy_engine.py` (with `topology`, `cluster`, `prefill_instance`, `decode_instance`,
-  `token_deltas`, `placement`, `instance_stats`): the streaming proxy over P prefill and
-  D decode processes that `minserve serve --disaggregation 1P2D` serves through; streams
-  resume elsewhere when an instance dies.
+  `token_deltas`, `placement`, `instance_stats`, `fault_recovery`): the streaming proxy
+  over P prefill and D decode processes that `minserve serve --disaggregation 1P2D` serves
+  through; streams resume elsewhere when an instance dies.
 - `stage_planner.py`, `migration.py`, `migration_control.py`: live migration of decoding
   requests between decode instances by multi-stage pre-copy (Llumnix), and draining.
 """

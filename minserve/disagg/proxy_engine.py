@@ -7,12 +7,9 @@ streams through it exactly as through a colocated `LLMEngine`. One `step()` is o
 live instance (abort, add, hand off KV), and collect each one's report of new tokens, so
 the step returns each request's delta (`token_deltas.py`) and the server streams them.
 
-A dead instance (its socket closes, or a report takes longer than the step timeout) is left
-out of the next rounds, and the requests it held carry on elsewhere: one that streamed no
-token yet is prefilled again on a live prefill instance; the others resume on a live decode
-instance (with none left, on a prefill instance) from prompt + the tokens streamed so far,
-so their streams go on as if nothing happened. Only a request with nowhere to go fails:
-`step()` raises `RequestsFailedError` naming it, with the step's other outputs.
+A dead instance is left out of the next rounds, and the requests it held carry on elsewhere
+(resumed from the tokens streamed so far); only a request with nowhere to go fails, with
+`RequestsFailedError`. The proxy's bookkeeping is `fault_recovery.py`.
 
 Live migration (Llumnix): `migrate(request_id, to_rank)` moves a decoding request to another
 decode instance while it decodes (multi-stage pre-copy, `migration.py`); `drain(rank)` moves
@@ -34,6 +31,7 @@ from minserve.disagg.cluster import (
     start_cluster,
     stop_cluster,
 )
+from minserve.disagg.fault_recovery import FaultRecovery, where_again
 from minserve.disagg.instance_stats import merge_stats
 from minserve.disagg.kv_wire import choose_kv_wire
 from minserve.disagg.migration import PRE_COPY, StagePolicy
@@ -97,10 +95,7 @@ class DisaggregatedEngine:
         self._resumes: dict[int, list[dict]] = defaultdict(list)  # rank -> resumes not sent yet
         self._aborts: dict[int, list[str]] = defaultdict(list)
         self._leaving: dict[int, list[str]] = defaultdict(list)  # prefilled, not placed yet
-        self._admitted: set[str] = set()  # ids decode ranks took in this round
-        self._orphans: set[str] = set()  # hand-offs lost this round: resume them
-        self._deaths: dict[int, str] = {}  # dead rank -> what happened to it
-        self._failed: dict[str, str] = {}  # request id -> why an instance refused to resume it
+        self.faults = FaultRecovery()
         self.migrations = MigrationControl(self.topology.decode_ranks)
         self.closed = False
 
@@ -188,8 +183,7 @@ class DisaggregatedEngine:
         deltas: list[RequestOutput] = []
         for rank, report in reports.items():
             self._apply(rank, report, deltas)
-        self._lost_in_transit(sends)
-        self._recover(lost)
+        self._recover(sends, lost)
         outputs = self._outputs(deltas, lost)
         if lost:
             reasons = "; ".join(sorted(set(lost.values())))
@@ -237,58 +231,9 @@ class DisaggregatedEngine:
                 deltas.append(request.delta(reported))
                 self.counters["generation_tokens"] += len(reported["token_ids"])
         self._leaving[rank] += [r for r in report.get("leaving", []) if r in self.requests]
-        self._admitted.update(request_id for request_id, _ in report.get("admitted", []))
         for decision in report.get("decisions", []):
             self.decisions[decision["request_id"]] = {**decision, "from_rank": rank}
-        self._orphans.update(report["lost"])  # a hand-off cut by an instance's death
-        self._failed.update(report.get("failed", {}))  # resumes the instance refused
-
-    def _lost_in_transit(self, sends: dict[int, list[list]]) -> None:
-        """A prefill rank that died mid-round: what it was handing off and no decode rank got."""
-        for rank, items in sends.items():
-            if rank not in self.alive:
-                self._orphans.update(r for r, _ in items if r not in self._admitted)
-        self._admitted.clear()
-
-    # --- requests whose instance died: resumed elsewhere ---
-
-    def _recover(self, lost: dict[str, str]) -> None:
-        """Requests on a dead instance, or whose hand-off was lost, carry on elsewhere."""
-        lost.update(self._failed)
-        self._failed.clear()
-        for request_id, request in self.requests.items():
-            orphaned = request_id in self._orphans or request.location not in self.alive
-            if orphaned and request_id not in lost:
-                self._resume(request, lost)
-        self._orphans.clear()
-
-    def _resume(self, request: RemoteRequest, lost: dict[str, str]) -> None:
-        """Place a request again whose instance died or lost it; fail it with nowhere to go."""
-        old = request.location
-        if old in self.alive:
-            self._aborts[old].append(request.request_id)  # it may hold part of it: free that
-        if self._place_again(request):
-            self.counters["num_requests_resumed"] += 1
-        else:
-            lost[request.request_id] = self._deaths.get(
-                old, f"the KV hand-off of {request.request_id} failed"
-            )
-
-    def _place_again(self, request: RemoteRequest) -> bool:
-        """No token streamed yet: to a prefill instance, from the start. Else to a live
-        decode instance (with none left, a prefill instance), to continue after the tokens
-        it streamed. False if no instance is left to take it."""
-        prefill = self._live(self.topology.prefill_ranks)
-        if not request.token_ids:
-            targets, queue = prefill, self._adds
-        else:
-            targets, queue = self._placeable_decode() or prefill, self._resumes
-        if not targets:
-            return False
-        request.location = self._least_loaded(targets)
-        json = request.add_json() if queue is self._adds else request.resume_json()
-        queue[request.location].append(json)
-        return True
+        self.faults.note_report(report)
 
     def _outputs(self, deltas: list[RequestOutput], lost: dict[str, str]) -> list[RequestOutput]:
         """This round's deltas of the requests not lost; finished ones are forgotten."""
@@ -301,18 +246,41 @@ class DisaggregatedEngine:
                 self.counters["num_requests_finished"] += 1
         return outputs
 
+    # --- requests whose instance died: resumed elsewhere (`fault_recovery.py`) ---
+
+    def _recover(self, sends: dict[int, list[list]], lost: dict[str, str]) -> None:
+        """Requests on a dead instance, or whose hand-off was lost, carry on elsewhere."""
+        lost.update(self.faults.refused())
+        for request in self.faults.orphans(self.requests, self.alive, sends, lost):
+            self._resume(request, lost)
+
+    def _resume(self, request: RemoteRequest, lost: dict[str, str]) -> None:
+        """Place a request again whose instance died or lost it; fail it with nowhere to go."""
+        old = request.location
+        if old in self.alive:
+            self._aborts[old].append(request.request_id)  # it may hold part of it: free that
+        if self._place_again(request):
+            self.counters["num_requests_resumed"] += 1
+        else:
+            lost[request.request_id] = self.faults.why_lost(old, request.request_id)
+
+    def _place_again(self, request: RemoteRequest) -> bool:
+        """Queue it on the least loaded of the instances `where_again` allows; False if no
+        instance is left to take it."""
+        prefill = self._live(self.topology.prefill_ranks)
+        targets, from_start = where_again(request, prefill, self._placeable_decode())
+        if not targets:
+            return False
+        request.location = self._least_loaded(targets)
+        queue = self._adds if from_start else self._resumes
+        queue[request.location].append(request.add_json() if from_start else request.resume_json())
+        return True
+
     def _instance_died(self, rank: int, error: BaseException) -> None:
         """Leave the rank out from now on; the requests it held are resumed after the round."""
         self.alive.discard(rank)
-        proc = self.procs[rank]
-        proc.join(2.0)  # a dead process's exit may lag its closed socket
-        if proc.is_alive():
-            proc.terminate()  # stuck past the step timeout: it cannot rejoin the rounds
         kind = "prefill" if self.topology.is_prefill(rank) else "decode"
-        self._deaths[rank] = (
-            f"the {kind} instance (rank {rank}, pid {proc.pid}, exit code {proc.exitcode}) "
-            f"failed: {error}"
-        )
+        self.faults.instance_died(rank, self.procs[rank], kind, error)
         for pending in (self._adds, self._resumes, self._aborts, self._leaving):
             pending.pop(rank, None)
         self.instance_stats.pop(rank, None)
